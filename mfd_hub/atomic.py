@@ -1,0 +1,43 @@
+"""Write a folder all at once: build it beside its destination, rename it into place at the end.
+
+An interrupted writer (an exception, Ctrl-C, even SIGKILL) never leaves a partial folder at the
+destination; the hidden staging folder it may leave behind is named ``.NAME.partial-*`` and is
+removed by the next writer of the same destination.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import MfdHubError
+
+
+def _staging_prefix(dest):
+    return f".{dest.name}.partial-"
+
+
+@contextlib.contextmanager
+def atomic_directory(dest, overwrite=False):
+    """Yield a staging folder; on success it becomes ``dest`` in one rename."""
+    dest = Path(dest).absolute()
+    if dest.exists() and not overwrite:
+        raise MfdHubError(f"{dest} already exists (pass --overwrite to replace it)")
+    if not dest.parent.is_dir():
+        raise MfdHubError(f"the parent folder {dest.parent} does not exist")
+    for stale in dest.parent.glob(_staging_prefix(dest) + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(dest), dir=dest.parent))
+    try:
+        yield staging
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
+            os.rename(dest, old)
+            os.rename(staging, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,86 @@
+"""The ``mfd-hub`` command line: a click group whose commands live in ``mfd_hub.commands``.
+
+``main`` is the one place that turns errors into output: a known error (``MfdHubError``, a click
+usage error) becomes one ``error: ...`` line on stderr and a non-zero exit code; anything
+unexpected becomes one ``internal error`` line (``MFD_HUB_DEBUG=1`` shows the traceback).
+"""
+
+import json
+import os
+import sys
+
+import click
+
+from . import __version__
+from .errors import MfdHubError
+
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
+
+def examples(*lines):
+    """An epilog of runnable examples for a command's --help (kept verbatim by click)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def emit_json(payload):
+    """Machine-readable output: one JSON document on stdout."""
+    click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+def one_line(text):
+    return " ".join(str(text).split())
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=examples(
+        "mfd-hub demo",
+        "mfd-hub info ./MFD-Qwen3-8B --json",
+        "mfd-hub generate --draft ./drafter --target Qwen/Qwen3-8B --method mixture 'Hello'",
+    ),
+)
+@click.version_option(__version__, prog_name="mfd-hub")
+def cli():
+    """Multi-Future Drafting drafters: run, check, convert, train and publish them."""
+
+
+def _register_commands():
+    from .commands import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+_register_commands()
+
+
+def main(argv=None):
+    try:
+        cli.main(args=argv, prog_name="mfd-hub", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as err:
+        hint = ""
+        ctx = getattr(err, "ctx", None)
+        if ctx is not None:
+            hint = f" (see '{ctx.command_path} --help')"
+        click.echo(f"error: {one_line(err.format_message())}{hint}", err=True)
+        sys.exit(err.exit_code)
+    except MfdHubError as err:
+        click.echo(f"error: {one_line(err)}", err=True)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as err:  # the last resort: still one line, unless debugging
+        if os.environ.get("MFD_HUB_DEBUG"):
+            raise
+        click.echo(
+            f"internal error: {type(err).__name__}: {one_line(err)} (set MFD_HUB_DEBUG=1 for the traceback)",
+            err=True,
+        )
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,146 @@
+"""Tiny real models for tests, examples and benchmarks: random-weight transformers targets and
+matching drafters, and a writer of z-lab-format checkpoints.
+
+Everything here builds real transformers / mfd-hub modules from configs; nothing is mocked.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from .remote.configuration_mfd import DFlashConfig
+from .remote.modeling_mfd import DFlashDraftModel
+
+TARGET_FAMILIES = ("qwen3", "llama")
+
+
+def tiny_target(family="qwen3", vocab_size=64, hidden_size=32, num_layers=4, seed=0, init_std=0.02, **overrides):
+    """A random-weight causal LM of a transformers family, fp32, in eval mode."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        initializer_range=init_std,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    common.update(overrides)
+    if family == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(f"unknown tiny target family {family!r}; choose from {TARGET_FAMILIES}")
+    return model.float().eval()
+
+
+def drafter_config_for(target, num_modes=0, num_layers=2, block_size=8, target_layer_ids=None, **overrides):
+    """A DFlashConfig matching ``target`` (hidden size, vocabulary, depth)."""
+    tcfg = target.config
+    n_target = tcfg.num_hidden_layers
+    if target_layer_ids is None:
+        target_layer_ids = sorted({0, n_target // 2, n_target - 2}) if n_target > 2 else [0]
+    fields = dict(
+        vocab_size=tcfg.vocab_size,
+        hidden_size=tcfg.hidden_size,
+        intermediate_size=2 * tcfg.hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=tcfg.hidden_size // 4,
+        rope_theta=10000.0,
+        block_size=block_size,
+        num_target_layers=n_target,
+        target_layer_ids=list(target_layer_ids),
+        mask_token_id=tcfg.vocab_size - 1,
+        num_modes=num_modes,
+        target={
+            "name_or_path": getattr(tcfg, "_name_or_path", "") or f"tiny-{tcfg.model_type}",
+            "model_type": tcfg.model_type,
+            "hidden_size": tcfg.hidden_size,
+            "vocab_size": tcfg.vocab_size,
+            "num_hidden_layers": n_target,
+        },
+    )
+    fields.update(overrides)
+    return DFlashConfig(**fields)
+
+
+def tiny_drafter(target, num_modes=0, seed=1, mode_std=0.5, **config_overrides):
+    """A random-weight drafter for ``target`` (fp32, eval). Mode embeddings get ``mode_std`` so
+    that modes visibly differ."""
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(drafter_config_for(target, num_modes=num_modes, **config_overrides)).float().eval()
+    if num_modes:
+        with torch.no_grad():
+            model.mode_embed.normal_(0.0, mode_std)
+    return model
+
+
+def zlab_config_dict(config):
+    """The z-lab DFlash config.json layout (DESIGN §3) for a K = 0 DFlashConfig."""
+    sliding = "sliding_attention" in config.layer_types
+    raw = {
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "model_type": "qwen3",
+        "block_size": config.block_size,
+        "num_target_layers": config.num_target_layers,
+        "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "layer_types": list(config.layer_types),
+        "use_sliding_window": sliding,
+        "sliding_window": config.sliding_window,
+        "max_window_layers": config.num_hidden_layers,
+        "torch_dtype": "bfloat16",
+    }
+    return raw
+
+
+def write_zlab_checkpoint(folder, config, state_dict, dtype=torch.bfloat16, is_causal=None):
+    """Write a z-lab-format drafter checkpoint (config.json + bf16 model.safetensors)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = zlab_config_dict(config)
+    if is_causal is not None:
+        raw["is_causal"] = is_causal
+    (folder / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
+    weights = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items() if k not in ("mode_embed",)}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def target_taps(target, input_ids, layer_ids):
+    """The drafter's context for ``input_ids``: target taps concatenated -> [1, T, n_taps*H]."""
+    with torch.no_grad():
+        out = target(input_ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)

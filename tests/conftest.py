@@ -1,0 +1,76 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mfd_hub.testing import TARGET_FAMILIES, tiny_drafter, tiny_target
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Python prelude for subprocesses that must run WITHOUT mfd_hub: any import of it fails.
+NO_MFD_HUB = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mfd_hub" or name.startswith("mfd_hub."):
+            raise ImportError("mfd_hub is blocked in this process")
+        return None
+sys.meta_path.insert(0, _Block())
+try:
+    import mfd_hub
+    raise SystemExit("mfd_hub must not be importable here")
+except ImportError:
+    pass
+"""
+
+NO_TRITON = """
+sys.modules["triton"] = None
+"""
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(params=TARGET_FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def target(family):
+    return tiny_target(family)
+
+
+def run_python(code, tmp_path, timeout=300, extra_env=None):
+    """Run Python code in a fresh process (cwd = tmp_path, isolated HF caches)."""
+    env = dict(os.environ)
+    env.update(
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.pop("PYTHONPATH", None)
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def run_cli(args, tmp_path, timeout=600, extra_env=None):
+    """Run the installed `mfd-hub` console script in a fresh process."""
+    env = dict(os.environ)
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    env.update(extra_env or {})
+    exe = Path(sys.executable).with_name("mfd-hub")
+    return subprocess.run(
+        [str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
