@@ -144,3 +144,42 @@ def target_taps(target, input_ids, layer_ids):
     with torch.no_grad():
         out = target(input_ids, output_hidden_states=True)
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def tiny_tokenizer(vocab_size):
+    """A real fast tokenizer over words ``t0 .. t{V-1}`` (whitespace-separated), EOS ``t0``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="t0", unk_token="t0")
+
+
+def save_tiny_target(folder, target, with_tokenizer=True):
+    """Save a tiny target (and a word-level tokenizer) as a loadable model folder."""
+    folder = Path(folder)
+    target.save_pretrained(folder)
+    if with_tokenizer:
+        tiny_tokenizer(target.config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
+    """Plain greedy decoding by transformers' ``generate`` -> the new token ids (a list).
+
+    Stops exactly at ``stop_ids`` (None: never, whatever the model's generation config says).
+    """
+    import copy
+
+    config = copy.deepcopy(target.generation_config)
+    config.eos_token_id = list(stop_ids) if stop_ids else None
+    config.pad_token_id = 0
+    config.do_sample = False
+    saved, target.generation_config = target.generation_config, config
+    try:
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens)
+    finally:
+        target.generation_config = saved
+    return out[0, input_ids.shape[1] :].tolist()

@@ -1,5 +1,6 @@
 """The CLI's commands, one module each; ``COMMANDS`` is what ``mfd-hub`` registers."""
 
+from .generate import generate
 from .info import info
 
-COMMANDS = [info]
+COMMANDS = [generate, info]

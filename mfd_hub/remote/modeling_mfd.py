@@ -356,3 +356,14 @@ class DFlashDraftModel(PreTrainedModel):
         if self.config.num_modes > 0 and last_feature is not None:
             gate_logits = self.mode_gate(last_feature.to(self.dtype))
         return DraftOutput(hidden_states=hidden_states, logits=logits, gate_logits=gate_logits)
+
+    # -- generation --------------------------------------------------------------------------
+    def spec_generate(self, target, input_ids, **kwargs):
+        """Lossless speculative decoding against ``target`` (chain, product or mixture tree).
+
+        See ``generation_mfd.spec_generate`` for the arguments; returns a SpecDecodingOutput
+        with ``output_ids`` and statistics (tau, acceptance lengths, time per stage, tokens/s).
+        """
+        from .generation_mfd import spec_generate
+
+        return spec_generate(self, target, input_ids, **kwargs)

