@@ -2,5 +2,6 @@
 
 from .generate import generate
 from .info import info
+from .regen import regen
 
-COMMANDS = [generate, info]
+COMMANDS = [generate, info, regen]
