@@ -22,6 +22,9 @@ from mfd_hub.remote.targets_mfd import make_verifier
 from mfd_hub.testing import tiny_target
 
 
+NAMES = {"attention": "qwen3", "hybrid": "qwen3_5_text"}
+
+
 def build_targets(args):
     heads = args.hidden // args.head_dim
     shared = dict(
@@ -32,7 +35,7 @@ def build_targets(args):
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 4),
         head_dim=args.head_dim,
-        max_position_embeddings=args.prefix + 64 * args.rounds + 1024,
+        max_position_embeddings=args.prefix + args.accept * (args.warmup + args.rounds) + 1024,
     )
     # linear attention as in Qwen3.5: twice as many value heads as key heads, value width = hidden
     linear = dict(
@@ -42,9 +45,10 @@ def build_targets(args):
         linear_value_head_dim=args.head_dim,
     )
     dtype = getattr(torch, args.dtype)
-    attention = tiny_target("qwen3", **shared).to(args.device, dtype)
-    hybrid = tiny_target("qwen3_5_text", **shared, **linear).to(args.device, dtype)
-    return {"attention (qwen3)": attention, "hybrid (qwen3_5_text)": hybrid}
+    return {
+        "attention": tiny_target(NAMES["attention"], **shared).to(args.device, dtype),
+        "hybrid": tiny_target(NAMES["hybrid"], **shared, **linear).to(args.device, dtype),
+    }
 
 
 def tree_shape(n, max_depth, device, seed=0):
@@ -61,32 +65,41 @@ def tree_shape(n, max_depth, device, seed=0):
     return torch.tensor(depths, device=device), ancestor_mask(parents)
 
 
-def time_rounds(target, args, n_nodes):
+def time_rounds(targets, args, n_nodes):
+    """Alternate rounds between the targets (so load drift hits both alike) -> median ms per target."""
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    verifier = make_verifier(target, [0, args.layers // 2])
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, args.vocab, (1, args.prefix), generator=gen).to(device)
     depths, mask = tree_shape(n_nodes, args.max_depth, device)
     accepted = torch.arange(min(n_nodes, args.accept), device=device)  # the spine's first nodes
-    verify_s, commit_s = [], []
+    verifiers = {name: make_verifier(t, [0, args.layers // 2]) for name, t in targets.items()}
+    seconds = {name: {"verify": [], "commit": []} for name in targets}
     with torch.inference_mode():
-        verifier.prefill(prompt)
+        for verifier in verifiers.values():
+            verifier.prefill(prompt)
         for r in range(args.warmup + args.rounds):
             tokens = torch.randint(0, args.vocab, (n_nodes,), generator=gen).to(device)
-            sync()
-            t0 = time.perf_counter()
-            verifier.verify(tokens, depths, mask)
-            sync()
-            t1 = time.perf_counter()
-            verifier.commit(accepted)
-            sync()
-            t2 = time.perf_counter()
-            if r >= args.warmup:
-                verify_s.append(t1 - t0)
-                commit_s.append(t2 - t1)
-    ms = lambda xs: 1000 * statistics.median(xs)  # noqa: E731
-    return {"verify_ms": ms(verify_s), "commit_ms": ms(commit_s), "round_ms": ms([a + b for a, b in zip(verify_s, commit_s)])}
+            for name, verifier in verifiers.items():
+                sync()
+                t0 = time.perf_counter()
+                verifier.verify(tokens, depths, mask)
+                sync()
+                t1 = time.perf_counter()
+                verifier.commit(accepted)
+                sync()
+                if r >= args.warmup:
+                    seconds[name]["verify"].append(t1 - t0)
+                    seconds[name]["commit"].append(time.perf_counter() - t1)
+
+    def ms(xs):
+        return 1000 * statistics.median(xs)
+
+    return {
+        name: {"verify_ms": ms(s["verify"]), "commit_ms": ms(s["commit"]),
+               "round_ms": ms([a + b for a, b in zip(s["verify"], s["commit"])])}
+        for name, s in seconds.items()
+    }
 
 
 def main():
@@ -113,19 +126,22 @@ def main():
     params = {name: sum(p.numel() for p in t.parameters()) for name, t in targets.items()}
     rows = []
     for n in (int(x) for x in args.trees.split(",")):
-        timing = {name: time_rounds(t, args, n) for name, t in targets.items()}
-        att, hyb = timing["attention (qwen3)"], timing["hybrid (qwen3_5_text)"]
-        rows.append({"tree_nodes": n, **{f"{k}_{m}": v[m] for k, v in (("attention", att), ("hybrid", hyb)) for m in v},
-                     "ratio": hyb["round_ms"] / att["round_ms"]})
+        timing = time_rounds(targets, args, n)
+        ratio = timing["hybrid"]["round_ms"] / timing["attention"]["round_ms"]
+        rows.append({"tree_nodes": n, **timing, "ratio": ratio})
     if args.json:
         print(json.dumps({"args": vars(args), "parameters": params, "rows": rows}, indent=2))
         return
+    sizes = ", ".join(f"{name} ({NAMES[name]}) {count / 1e6:.1f}M parameters" for name, count in params.items())
     print(f"device {args.device} {args.dtype}; hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
-          f"prefix {args.prefix}; parameters: " + ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in params.items()))
-    print(f"{'tree nodes':>10} | {'attention ms':>12} | {'hybrid ms':>10} | {'hybrid verify':>13} | {'hybrid commit':>13} | {'ratio':>6}")
+          f"prefix {args.prefix}; {sizes}")
+    print("median ms per round (verify + commit); ratio = hybrid / attention")
+    header = ("tree nodes", "attention", "hybrid", "hybrid verify", "hybrid commit", "ratio")
+    print(" | ".join(f"{h:>13}" for h in header))
     for r in rows:
-        print(f"{r['tree_nodes']:>10} | {r['attention_round_ms']:>12.2f} | {r['hybrid_round_ms']:>10.2f} | "
-              f"{r['hybrid_verify_ms']:>13.2f} | {r['hybrid_commit_ms']:>13.2f} | {r['ratio']:>6.2f}")
+        cells = (r["attention"]["round_ms"], r["hybrid"]["round_ms"], r["hybrid"]["verify_ms"],
+                 r["hybrid"]["commit_ms"], r["ratio"])
+        print(" | ".join([f"{r['tree_nodes']:>13}"] + [f"{c:>13.2f}" for c in cells]))
 
 
 if __name__ == "__main__":
