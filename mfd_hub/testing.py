@@ -13,6 +13,13 @@ from .remote.configuration_mfd import DFlashConfig
 from .remote.modeling_mfd import DFlashDraftModel
 
 TARGET_FAMILIES = ("qwen3", "llama")
+# Gated-DeltaNet + attention targets; layer_types=... picks the pattern (default: 3 linear : 1 full)
+HYBRID_CLASSES = {
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+}
+HYBRID_FAMILIES = tuple(HYBRID_CLASSES)
 
 
 def tiny_target(family="qwen3", vocab_size=64, hidden_size=32, num_layers=4, seed=0, init_std=0.02, **overrides):
@@ -42,9 +49,30 @@ def tiny_target(family="qwen3", vocab_size=64, hidden_size=32, num_layers=4, see
         from transformers import LlamaConfig, LlamaForCausalLM
 
         model = LlamaForCausalLM(LlamaConfig(**common))
+    elif family in HYBRID_FAMILIES:
+        model = _tiny_hybrid(family, common)
     else:
-        raise ValueError(f"unknown tiny target family {family!r}; choose from {TARGET_FAMILIES}")
+        raise ValueError(f"unknown tiny target family {family!r}; choose from {TARGET_FAMILIES + HYBRID_FAMILIES}")
     return model.float().eval()
+
+
+def _tiny_hybrid(family, common):
+    import transformers
+
+    width = common["hidden_size"] // 4
+    fields = dict(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=width,
+        linear_value_head_dim=width,
+        linear_conv_kernel_dim=4,
+    )
+    if family != "qwen3_5_text":  # the mixture-of-experts members
+        h = common["hidden_size"]
+        fields.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=h, shared_expert_intermediate_size=h)
+    fields.update(common)
+    config_cls, model_cls = HYBRID_CLASSES[family]
+    return getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields))
 
 
 def drafter_config_for(target, num_modes=0, num_layers=2, block_size=8, target_layer_ids=None, **overrides):

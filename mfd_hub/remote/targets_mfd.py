@@ -2,7 +2,8 @@
 
 A verifier owns the target's cache. ``verify`` runs one target forward over the root and the
 draft-tree nodes (positions ``start + depth``, each node seeing the committed prefix and its own
-ancestors); ``commit`` keeps only the accepted path. Every transformers-cache detail lives here:
+ancestors); ``commit`` keeps only the accepted path. Every transformers-cache detail lives here
+(for hybrid Gated-DeltaNet targets: in ``hybrid_mfd.py``, which ``make_verifier`` picks):
 the cache API changes between transformers versions (e.g. ``past_key_values=`` became
 ``cache=``, ``crop`` takes only negative counts), so nothing else touches it.
 
@@ -15,6 +16,7 @@ import torch
 
 from ..kernels.kv_compact import compact_kv
 from ..kernels.tree_attention import verify_attention_bias
+from .hybrid_mfd import HYBRID_FAMILIES, HybridVerifier, hybrid_layer_problem
 
 # Attention-only families whose cache is a plain per-layer K/V (tested token-identical).
 ATTENTION_FAMILIES = {"llama", "qwen3", "qwen2", "mistral"}
@@ -39,9 +41,14 @@ def make_verifier(target, tap_ids):
                 f"target {family!r} has sliding-window layers; tree verification supports full attention only"
             )
         return AttentionVerifier(target, tap_ids)
+    if family in HYBRID_FAMILIES:
+        problem = hybrid_layer_problem(target)
+        if problem:
+            raise UnsupportedTargetError(f"target {family!r} cannot be tree-verified: {problem}")
+        return HybridVerifier(target, tap_ids)
     raise UnsupportedTargetError(
         f"no lossless tree verifier for target architecture {family!r} "
-        f"(supported: {', '.join(sorted(ATTENTION_FAMILIES))})"
+        f"(supported: {', '.join(sorted(ATTENTION_FAMILIES | HYBRID_FAMILIES))})"
     )
 
 
