@@ -465,7 +465,7 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
         drafter.lm_head.weight.requires_grad_(False)
     cuda = dist.device.type == "cuda"
     autocast = torch.bfloat16 if t.precision == "bf16" or (t.precision == "auto" and cuda) else None
-    head_dtype = torch.bfloat16 if cuda else torch.float32
+    head_dtype = autocast or torch.float32  # the frozen head runs in the compute precision
     objective = DrafterObjective(drafter.to(dist.device), embed.to(dist.device, head_dtype),
                                  lm_head.to(dist.device, head_dtype), recipe.loss, t.head_chunk, autocast)
     top = objective
@@ -535,7 +535,7 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
 
     per_rank = t.batch_size // dist.world
     stop = min(total, stop_after) if stop_after else total
-    step_done, last_loss, began, log_lines = start, None, time.perf_counter(), []
+    step_done, first_loss, last_loss, began = start, None, None, time.perf_counter()
     bar = tqdm(total=total, initial=start, desc=recipe.name, unit="step", disable=not (verbose and dist.main))
     top.train()
     for step in range(start, stop):
@@ -567,6 +567,7 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
         step_done = step + 1
         totals = {k: float(dist.sum(v)) / blocks for k, v in sorted(sums.items())}
         last_loss = totals["loss"]
+        first_loss = last_loss if first_loss is None else first_loss
         bar.update(1)
         bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}")
         log_now = step_done % recipe.output.log_every == 0 or step_done == stop
@@ -579,7 +580,6 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
             if dist.main:
                 with metrics_path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(line) + "\n")
-            log_lines.append(line)
         save_now = (recipe.output.save_every and step_done % recipe.output.save_every == 0) or step_done == stop
         if save_now:
             diag = diagnostics()
@@ -593,16 +593,18 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
     steps_run = step_done - start
     exported = None
     if step_done == total and recipe.output.export:
-        meta = {**drafter.config.mfd_metadata, "training": {
-            "recipe": recipe.name, "loss": recipe.loss.type, "steps": total, "sequences": len(sequences),
-            "data": str(recipe.data.train), "final_loss": last_loss}}
+        meta = dict(drafter.config.mfd_metadata)
+        if "training" in meta:  # a fine-tune of a trained drafter keeps the earlier runs
+            meta["earlier_training"] = [*meta.get("earlier_training", []), meta["training"]]
+        meta["training"] = {"recipe": recipe.name, "loss": recipe.loss.type, "steps": total,
+                            "sequences": len(sequences), "data": str(recipe.data.train), "final_loss": last_loss}
         config = DFlashConfig.from_dict({**drafter.config.to_dict(), "mfd_metadata": meta})
         exported = export_drafter(run_dir, top, config, recipe.output.export_dtype, dist)
     summary = {
         "run_dir": str(run_dir), "steps": step_done, "total_steps": total, "steps_this_run": steps_run,
         "seconds": seconds, "steps_per_second": steps_run / seconds if seconds > 0 else None,
         "peak_memory_mb": _peak_memory_mb(dist.device), "world_size": dist.world, "final_loss": last_loss,
-        "first_loss": log_lines[0]["loss"] if log_lines else None,
+        "first_loss": first_loss,
         "exported": str(exported) if exported else None, "diagnostics": diagnostics(),
     }
     if dist.main:

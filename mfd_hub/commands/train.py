@@ -58,10 +58,10 @@ def train(recipe, overrides, list_recipes, check, resume, stop_after, as_json):
     if as_json:
         emit_json(summary)
     else:
-        rate = summary["steps_per_second"]
-        click.echo(
-            f"{summary['steps']}/{summary['total_steps']} steps, loss {summary['final_loss']:.4f}, "
-            f"{rate:.3f} steps/s; run folder {summary['run_dir']}"
-            + (f"; drafter {summary['exported']}" if summary["exported"] else ""),
-            err=True,
-        )
+        parts = [f"{summary['steps']}/{summary['total_steps']} steps"]
+        if summary["final_loss"] is not None:
+            parts.append(f"loss {summary['final_loss']:.4f}, {summary['steps_per_second']:.3f} steps/s")
+        parts.append(f"run folder {summary['run_dir']}")
+        if summary["exported"]:
+            parts.append(f"drafter {summary['exported']}")
+        click.echo("; ".join(parts), err=True)
