@@ -54,20 +54,25 @@ def read_prompts(path):
     if not path.is_file():
         raise MfdHubError(f"prompt file {path} not found")
     prompts = []
-    with path.open(encoding="utf-8") as handle:
+    for number, record in json_lines(path):
+        text = prompt_of(record)
+        if not text:
+            raise MfdHubError(f"{path}:{number}: no prompt field ({', '.join(PROMPT_FIELDS)}, messages or conversations)")
+        rid = record.get("id", number) if isinstance(record, dict) else number
+        prompts.append((str(rid), text))
+    return prompts
+
+
+def json_lines(path):
+    """(line number, record) for every non-blank line of a JSON Lines file; a bad line is an error."""
+    with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                yield number, json.loads(line)
             except json.JSONDecodeError as err:
                 raise MfdHubError(f"{path}:{number}: not JSON ({err.msg})") from None
-            text = prompt_of(record)
-            if not text:
-                raise MfdHubError(f"{path}:{number}: no prompt field ({', '.join(PROMPT_FIELDS)}, messages or conversations)")
-            rid = record.get("id", number) if isinstance(record, dict) else number
-            prompts.append((str(rid), text))
-    return prompts
 
 
 def read_hf_prompts(spec):

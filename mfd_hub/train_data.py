@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .errors import MfdHubError
+from .regen import json_lines
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 META_NAME = "meta.json"
@@ -55,26 +56,20 @@ def load_sequences(path, max_length):
     if not path.is_file():
         raise MfdHubError(f"training data {path} not found (make it with 'mfd-hub regen')")
     sequences, dropped, seen = [], 0, set()
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                rid, prompt, response = str(record["id"]), record["prompt_ids"], record["response_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise MfdHubError(
-                    f"{path}:{number}: not a regen record with id, prompt_ids and response_ids ({err})"
-                ) from None
-            if rid in seen:
-                raise MfdHubError(f"{path}:{number}: duplicate record id {rid!r}")
-            seen.add(rid)
+    for number, record in json_lines(path):
+        try:
+            rid, prompt, response = str(record["id"]), record["prompt_ids"], record["response_ids"]
             ids = [int(t) for t in (list(prompt) + list(response))[:max_length]]
-            prompt_len = max(1, len(prompt))  # an anchor needs at least one context position
-            if len(ids) - prompt_len < 2:
-                dropped += 1
-                continue
-            sequences.append(Sequence(rid, ids, prompt_len))
+        except (KeyError, TypeError, ValueError) as err:
+            raise MfdHubError(f"{path}:{number}: not a regen record with id, prompt_ids and response_ids ({err})") from None
+        if rid in seen:
+            raise MfdHubError(f"{path}:{number}: duplicate record id {rid!r}")
+        seen.add(rid)
+        prompt_len = max(1, len(prompt))  # an anchor needs at least one context position
+        if len(ids) - prompt_len < 2:
+            dropped += 1
+            continue
+        sequences.append(Sequence(rid, ids, prompt_len))
     if not sequences:
         raise MfdHubError(f"{path} holds no usable sequence (each needs at least 2 response tokens)")
     return sequences, dropped

@@ -288,6 +288,11 @@ def test_tiny_recipe_trains_on_cpu_and_writes_contract_checkpoints(in_workspace)
     losses = [m["loss"] for m in _metrics(run)]
     steps = len(load_sequences(root / "tiny-data.jsonl", 64)[0]) // 4 * 3  # 4 sequences a step, 3 epochs
     assert len(losses) == summary["total_steps"] == steps
+    # AdamW at 3e-3: linear warmup over ceil(10%) of the steps, then cosine to 0
+    warmup = math.ceil(0.1 * steps)
+    want = [3e-3 * (k + 1) / warmup if k < warmup else 3e-3 * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup)))
+            for k in range(steps)]
+    assert [m["lr"] for m in _metrics(run)] == pytest.approx(want)
     assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses  # the loss falls
     diag = json.loads((run / "diagnostics.json").read_text())["run"]
     assert diag["blocks"] == steps * 4 * 8 and len(diag["win_rate_per_mode"]) == 4
@@ -400,6 +405,31 @@ def test_mfd_d_trains_the_default_path_and_dflash_loss_runs(in_workspace):
     summary = train(_tiny(["output.dir=runs/dflash", "loss.type=dflash", "drafter.num_modes=0", "train.max_steps=3",
                            "output.save_every=0"]), verbose=False)
     assert summary["final_loss"] > 0 and load_draft(summary["exported"]).config.num_modes == 0
+
+
+def test_bases_zlab_with_new_modes_and_mfd_as_they_are(in_workspace, reference_run):
+    from mfd_hub import load_draft
+    from mfd_hub.trainer import build_drafter
+
+    root, target = in_workspace
+    sequences, _ = load_sequences("tiny-data.jsonl", 64)
+    info = {"name_or_path": "./tiny-target", "model_type": "qwen3", "hidden_size": 32, "vocab_size": 64,
+            "num_hidden_layers": 4}
+    base = load_draft("tiny-zlab").state_dict()
+    fresh = build_drafter(_tiny(), info, target.lm_head.weight, sequences)
+    state = fresh.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in base.items())  # every base weight carried over
+    assert set(state) - set(base) == {"mode_embed", "mode_gate.weight"}
+    assert 0.01 < float(fresh.mode_embed.detach().std()) < 0.04 and fresh.config.mfd_metadata["base"] == "./tiny-zlab"
+    assert fresh.config.target == info
+    mfd_base = reference_run / "final"  # an MFD checkpoint keeps its modes and gate
+    again = build_drafter(_tiny([f"drafter.base={mfd_base}"]), info, target.lm_head.weight, sequences)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in load_draft(mfd_base).state_dict().items())
+    with pytest.raises(MfdHubError, match="has 4 modes"):
+        build_drafter(_tiny([f"drafter.base={mfd_base}", "drafter.num_modes=8"]), info, target.lm_head.weight,
+                      sequences)
+    with pytest.raises(MfdHubError, match="target_layer_ids"):
+        build_drafter(_tiny(["drafter.target_layer_ids=[1, 2]"]), info, target.lm_head.weight, sequences)
 
 
 def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
