@@ -57,7 +57,8 @@ def read_prompts(path):
     for number, record in json_lines(path):
         text = prompt_of(record)
         if not text:
-            raise MfdHubError(f"{path}:{number}: no prompt field ({', '.join(PROMPT_FIELDS)}, messages or conversations)")
+            fields = ", ".join(PROMPT_FIELDS)
+            raise MfdHubError(f"{path}:{number}: no prompt field ({fields}, messages or conversations)")
         rid = record.get("id", number) if isinstance(record, dict) else number
         prompts.append((str(rid), text))
     return prompts

@@ -228,7 +228,8 @@ def recipe_problems(recipe):
     if d.default_path and loss.type != "mfd":
         problems.append("drafter.default_path (MFD-D) needs loss.type mfd")
     if t.batch_size % t.micro_batch_size:
-        problems.append(f"train.batch_size {t.batch_size} is not a multiple of train.micro_batch_size {t.micro_batch_size}")
+        problems.append(f"train.batch_size {t.batch_size} is not a multiple of "
+                        f"train.micro_batch_size {t.micro_batch_size}")
     if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in t.betas):
         problems.append(f"train.betas must be two numbers in [0, 1), not {t.betas!r}")
     if d.target_layer_ids is not None and not all(isinstance(i, int) and i >= 0 for i in d.target_layer_ids):

@@ -61,7 +61,9 @@ def load_sequences(path, max_length):
             rid, prompt, response = str(record["id"]), record["prompt_ids"], record["response_ids"]
             ids = [int(t) for t in (list(prompt) + list(response))[:max_length]]
         except (KeyError, TypeError, ValueError) as err:
-            raise MfdHubError(f"{path}:{number}: not a regen record with id, prompt_ids and response_ids ({err})") from None
+            raise MfdHubError(
+                f"{path}:{number}: not a regen record with id, prompt_ids and response_ids ({err})"
+            ) from None
         if rid in seen:
             raise MfdHubError(f"{path}:{number}: duplicate record id {rid!r}")
         seen.add(rid)
@@ -73,6 +75,14 @@ def load_sequences(path, max_length):
     if not sequences:
         raise MfdHubError(f"{path} holds no usable sequence (each needs at least 2 response tokens)")
     return sequences, dropped
+
+
+def data_checksum(sequences):
+    """One checksum of every sequence's id and tokens (in order): a resumed run checks it."""
+    crc = 0
+    for seq in sequences:
+        crc = zlib.crc32(f"{seq.id}:{seq.crc}:{seq.prompt_len};".encode(), crc)
+    return crc
 
 
 def response_token_counts(sequences, vocab_size):
@@ -135,7 +145,8 @@ class Batch:
     taps: torch.Tensor
 
     def to(self, device):
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.ids, self.lengths, self.anchors, self.block_valid, self.taps)))
+        fields = (self.ids, self.lengths, self.anchors, self.block_valid, self.taps)
+        return Batch(*(t.to(device, non_blocking=True) for t in fields))
 
 
 def make_batch(sequences, indices, anchors, taps):
@@ -297,6 +308,7 @@ class FeatureStore:
         """records: list of (sequence, taps) -> one new shard file."""
         from safetensors.torch import save_file
 
+        self.root.mkdir(parents=True, exist_ok=True)
         name = f"shard-{uuid.uuid4().hex[:16]}.safetensors"
         tensors = {f"taps/{seq.id}": taps.contiguous() for seq, taps in records}
         meta = {"records": json.dumps({seq.id: [seq.length, seq.crc] for seq, _ in records})}

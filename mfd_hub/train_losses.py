@@ -193,6 +193,8 @@ class ModeStats:
                 top1 = gate_logits.detach().reshape(-1, gate_logits.shape[-1]).argmax(-1).cpu()[mask]
                 self.gate_hits += (top1 == win).sum()
 
+    NAMES = ("blocks", "wins", "coverage", "best_coverage", "gate_hits")
+
     def tensors(self):
         return [self.blocks, self.wins, self.coverage, self.best_coverage, self.gate_hits]
 
@@ -205,10 +207,10 @@ class ModeStats:
             t.copy_(moved.cpu())
 
     def state(self):
-        return {name: t.tolist() for name, t in zip(("blocks", "wins", "coverage", "best_coverage", "gate_hits"), self.tensors())}
+        return {name: t.tolist() for name, t in zip(self.NAMES, self.tensors())}
 
     def load(self, state):
-        for name, t in zip(("blocks", "wins", "coverage", "best_coverage", "gate_hits"), self.tensors()):
+        for name, t in zip(self.NAMES, self.tensors()):
             t.copy_(torch.tensor(state[name], dtype=torch.float64))
 
     def summary(self):

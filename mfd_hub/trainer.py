@@ -40,6 +40,7 @@ from .train_data import (
     DTYPES,
     FeatureStore,
     TapExtractor,
+    data_checksum,
     draft_vocabulary,
     head_weights,
     load_sequences,
@@ -168,7 +169,10 @@ class DrafterObjective(nn.Module):
             coverage, winner, gate_logits = extra["coverage"], extra["winner"], out.gate_logits
         else:
             logp = logp[:, :, 0]
-            block_loss = dflash_loss(logp, valid, loss.gamma) if loss.type == "dflash" else dpace_loss(logp, valid, loss.alpha)
+            if loss.type == "dflash":
+                block_loss = dflash_loss(logp, valid, loss.gamma)
+            else:
+                block_loss = dpace_loss(logp, valid, loss.alpha)
             coverage, winner, gate_logits = soft_coverage(true_token_probs(logp, valid))[..., None], None, None
         default_coverage = None
         if cfg.default_path:
@@ -203,7 +207,8 @@ def add_modes(model, num_modes, default_path, std, seed):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         new.mode_embed.copy_(torch.randn(new.mode_embed.shape, generator=gen) * std)
-        new.mode_gate.weight.copy_(torch.randn(new.mode_gate.weight.shape, generator=gen) * new.config.initializer_range)
+        gate_std = new.config.initializer_range
+        new.mode_gate.weight.copy_(torch.randn(new.mode_gate.weight.shape, generator=gen) * gate_std)
         if default_path:
             new.default_embed.zero_()
     new.config.mfd_metadata = {
@@ -320,7 +325,11 @@ def prepare_features(recipe, sequences, tap_layers, dist, log):
         target = load()
         extractor = TapExtractor(target, tap_layers, target_dtype, recipe.data.extract_batch_tokens)
         embed, lm_head = head_weights(target)
-        return target_identity(target, recipe.target), embed, lm_head, lambda idx: extractor([sequences[i].ids for i in idx])
+
+        def taps_of(indices):
+            return extractor([sequences[i].ids for i in indices])
+
+        return target_identity(target, recipe.target), embed, lm_head, taps_of
 
     spec = {"target": recipe.target, "tap_layers": tap_layers, "dtype": recipe.data.features_dtype,
             "max_length": recipe.data.max_length}
@@ -329,10 +338,11 @@ def prepare_features(recipe, sequences, tap_layers, dist, log):
     todo = store.missing(sequences)
     if todo or not store.has_head():
         target = load()
-        if dist.main and not (store.root / "meta.json").exists():
-            store.write_meta(target_identity(target, recipe.target))
         if dist.main:
+            if not (store.root / "meta.json").exists():
+                store.write_meta(target_identity(target, recipe.target))
             store.save_head(*head_weights(target))
+        dist.barrier()  # the store folder and its meta exist before any rank adds shards
         mine = todo[dist.rank :: dist.world]
         log(f"computing tap features of {len(todo)} sequences into {store.root}")
         from tqdm import tqdm
@@ -447,6 +457,7 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
 
     # data and features
     sequences, dropped = load_sequences(recipe.data.train, recipe.data.max_length)
+    data_fingerprint = {"sequences": len(sequences), "crc": data_checksum(sequences)}
     if len(sequences) < t.batch_size:
         raise MfdHubError(f"{len(sequences)} usable sequences are fewer than train.batch_size {t.batch_size}")
     if checkpoint is not None:
@@ -494,8 +505,12 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
         state = load_checkpoint(checkpoint, top, optimizer, scheduler, dist)
         changed = recipe_changes(state["recipe"], recipe.to_dict())
         if changed:
-            raise MfdHubError(f"the recipe changed since {checkpoint.name}: {changed[0]} "
-                              f"({_flat(state['recipe']).get(changed[0])!r} -> {_flat(recipe.to_dict()).get(changed[0])!r})")
+            key = changed[0]
+            was, now = _flat(state["recipe"]).get(key), _flat(recipe.to_dict()).get(key)
+            raise MfdHubError(f"the recipe changed since {checkpoint.name}: {key} ({was!r} -> {now!r})")
+        if state.get("data") != data_fingerprint:
+            raise MfdHubError(f"the training data changed since {checkpoint.name} ({state.get('data')} -> "
+                              f"{data_fingerprint}): resuming would train on other sequences")
         start = state["step"]
         if dist.main:  # the saved counters are global: the other ranks count from zero again
             stats.load(state["stats"])
@@ -525,7 +540,7 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
 
     def trainer_state():
         state = {"step": step_done, "epoch": step_done // per_epoch, "steps_per_epoch": per_epoch,
-                 "total_steps": total, "world_size": dist.world, "recipe": recipe.to_dict(),
+                 "total_steps": total, "world_size": dist.world, "recipe": recipe.to_dict(), "data": data_fingerprint,
                  "stats": reduced(stats).state()}
         if default_stats is not None:
             state["default_stats"] = reduced(default_stats).state()

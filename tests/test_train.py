@@ -290,8 +290,8 @@ def test_tiny_recipe_trains_on_cpu_and_writes_contract_checkpoints(in_workspace)
     assert len(losses) == summary["total_steps"] == steps
     # AdamW at 3e-3: linear warmup over ceil(10%) of the steps, then cosine to 0
     warmup = math.ceil(0.1 * steps)
-    want = [3e-3 * (k + 1) / warmup if k < warmup else 3e-3 * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup)))
-            for k in range(steps)]
+    want = [3e-3 * (k + 1) / warmup if k < warmup
+            else 3e-3 * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup))) for k in range(steps)]
     assert [m["lr"] for m in _metrics(run)] == pytest.approx(want)
     assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses  # the loss falls
     diag = json.loads((run / "diagnostics.json").read_text())["run"]
