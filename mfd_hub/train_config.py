@@ -9,6 +9,7 @@ name the key. ``KEY=VALUE`` overrides (``train.lr=2e-4``) are parsed as YAML sca
 import dataclasses
 import difflib
 import importlib.resources
+import inspect
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,13 @@ from pathlib import Path
 import yaml
 
 from .errors import MfdHubError, UsageError
+from .remote.configuration_mfd import DFlashConfig
 from .train_losses import LOSS_TYPES
 
 SCRATCH = "scratch"
+# DFlashConfig fields a scratch recipe may not put in drafter.config: the recipe or the target sets them
+SET_ELSEWHERE = ("num_modes", "default_path", "draft_vocab_size", "block_size", "mask_token_id", "target_layer_ids",
+                 "vocab_size", "hidden_size", "num_target_layers", "target")
 
 
 @dataclass
@@ -237,10 +242,16 @@ def recipe_problems(recipe):
     if d.base == SCRATCH:
         if d.mask_token_id is None:
             problems.append("drafter.mask_token_id is required for a scratch drafter")
-        for key in ("num_modes", "default_path", "draft_vocab_size", "block_size", "mask_token_id", "target_layer_ids",
-                    "vocab_size", "hidden_size", "num_target_layers", "target"):
-            if key in d.config:
+        if not d.target_layer_ids:
+            problems.append("drafter.target_layer_ids is required for a scratch drafter")
+        known = set(inspect.signature(DFlashConfig.__init__).parameters) - {"self", "kwargs"}
+        for key in d.config:
+            if key in SET_ELSEWHERE:
                 problems.append(f"drafter.config.{key} is set by the recipe or the target: remove it")
+            elif key not in known:
+                near = difflib.get_close_matches(str(key), sorted(known - set(SET_ELSEWHERE)), n=1)
+                hint = f" (did you mean drafter.config.{near[0]}?)" if near else ""
+                problems.append(f"drafter.config.{key} is not a DFlashConfig field{hint}")
     elif d.config:
         problems.append("drafter.config is only for drafter.base: scratch")
     return problems

@@ -289,8 +289,6 @@ def tap_layers_of(recipe):
     """The target layers the drafter reads, known before any weights are loaded."""
     r = recipe.drafter
     if r.base == SCRATCH:
-        if not r.target_layer_ids:
-            raise MfdHubError("drafter.target_layer_ids is required for a scratch drafter")
         return list(r.target_layer_ids)
     from .checkpoint import checkpoint_format, config_from_zlab, read_config_dict, resolve_checkpoint_dir
 

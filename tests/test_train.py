@@ -260,10 +260,16 @@ def test_recipe_errors_are_one_clear_line(in_workspace, tmp_path):
         "drafter.num_modes=1": "mfd needs drafter.num_modes >= 2",
         "train.micro_batch_size=3": "not a multiple of train.micro_batch_size",
         "loss.winner_weight=1.5": "loss.winner_weight must be in [0, 1]",
+        "drafter.config={num_layers: 2}": "drafter.config is only for drafter.base: scratch",
     }
+    scratch = ["drafter.base=scratch", "drafter.num_modes=0", "loss.type=dpace", "drafter.mask_token_id=1",
+               "drafter.target_layer_ids=[0]"]
+    cases[("drafter.config={num_hiden_layers: 2}", *scratch)] = "num_hiden_layers is not a DFlashConfig field " \
+        "(did you mean drafter.config.num_hidden_layers?)"
+    cases[("drafter.config={hidden_size: 8}", *scratch)] = "drafter.config.hidden_size is set by the recipe"
     for override, message in cases.items():
         with pytest.raises(MfdHubError) as caught:
-            _tiny([override])
+            _tiny([override] if isinstance(override, str) else list(override))
         assert message in str(caught.value) and "\n" not in str(caught.value), override
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntarget: [unclosed\n")
