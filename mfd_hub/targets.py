@@ -32,20 +32,21 @@ def is_smollm2(spec):
     return str(spec).lower() in {SMOLLM2, "smollm2-135m-instruct", SMOLLM2_REPO.lower()}
 
 
+def _source(spec):
+    """(folder or Hub id, extra from_pretrained kwargs) of a target spec."""
+    if is_smollm2(spec):
+        return smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}
+    if os.path.exists(spec) and not os.path.isdir(spec):
+        raise MfdHubError(f"{spec} is a file; pass a model folder, a Hub id or '{SMOLLM2}'")
+    return spec, {}
+
+
 def load_target(spec, dtype=torch.float32, device="cpu"):
     """A causal LM and its tokenizer from ``smollm2``, a local folder or a Hub id -> (model, tok)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    kwargs = {}
-    if is_smollm2(spec):
-        source, kwargs = smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}
-    elif os.path.isdir(spec):
-        source = spec
-    elif os.path.exists(spec):
-        raise MfdHubError(f"{spec} is a file; pass a model folder, a Hub id or '{SMOLLM2}'")
-    else:
-        source = spec
+    source, kwargs = _source(spec)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -61,11 +62,33 @@ def load_target(spec, dtype=torch.float32, device="cpu"):
     return model.to(device).eval(), tokenizer
 
 
-def encode_prompt(tokenizer, prompt, chat=True):
-    """Token ids [1, L] for a prompt, through the chat template when the tokenizer has one."""
+def load_tokenizer(spec):
+    """The target's tokenizer and its end-of-sequence ids, without its weights -> (tok, stop ids)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    source, kwargs = _source(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:
+        raise MfdHubError(f"cannot load the tokenizer of {spec}: {' '.join(str(err).split())[:300]}") from None
+    try:
+        generation = GenerationConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError):
+        generation = None
+
+    class _Config:
+        generation_config = generation
+
+    return tokenizer, stop_ids_of(tokenizer, _Config)
+
+
+def encode_prompt(tokenizer, prompt, chat=True, template_kwargs=None):
+    """Token ids [1, L] for a prompt, through the chat template when the tokenizer has one
+    (``template_kwargs`` reach the template, e.g. ``enable_thinking``)."""
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True,
+            **(template_kwargs or {}),
         )["input_ids"]
     else:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]

@@ -3,5 +3,6 @@
 from .generate import generate
 from .info import info
 from .regen import regen
+from .train import train
 
-COMMANDS = [generate, info, regen]
+COMMANDS = [generate, info, regen, train]

@@ -1,0 +1,447 @@
+"""Training: losses against hand computations, data and features, recipes, and real tiny runs
+(loss falls, bit-exact resume, 2 gloo ranks = 1 rank, the checkpoint contract)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from click.testing import CliRunner
+from conftest import run_cli
+from mfd_hub.cli import cli
+from mfd_hub.errors import MfdHubError
+from mfd_hub.train_config import load_recipe, packaged_recipes
+from mfd_hub.train_data import (
+    FeatureStore,
+    Sequence,
+    TapExtractor,
+    draft_vocabulary,
+    load_sequences,
+    make_batch,
+    sample_anchors,
+    step_sequences,
+)
+from mfd_hub.train_losses import (
+    decay_weights,
+    dflash_loss,
+    dpace_loss,
+    dpace_weights,
+    mfd_loss,
+    soft_coverage,
+    true_token_logprobs,
+    true_token_probs,
+    winner_take_all_weights,
+)
+
+LN2 = math.log(2.0)
+INF = float("inf")
+
+
+# -- losses by hand ------------------------------------------------------------------------------
+def test_dflash_decay_by_hand():
+    w = decay_weights(3, gamma=7.0)
+    assert torch.allclose(w, torch.tensor([1.0, math.exp(-1 / 7), math.exp(-2 / 7)]))
+    logp = torch.log(torch.tensor([[0.5, 0.25, 1.0, 0.9]]))
+    valid = torch.tensor([[True, True, True, False]])
+    want = LN2 + math.exp(-1 / 7) * 2 * LN2  # the third CE is 0, the fourth position does not exist
+    assert dflash_loss(logp, valid, 7.0).item() == pytest.approx(want, rel=1e-6)
+
+
+def test_dpace_weights_loss_and_detached_gradient_by_hand():
+    q = torch.tensor([0.5, 0.25, 1.0, 0.7])
+    valid = torch.tensor([True, True, True, False])
+    # s = 0.75, 0.625, 1, 0 -> prefix 0.75, 0.46875, 0.46875, 0 -> suffix sums
+    assert torch.allclose(dpace_weights(q, valid, 0.5), torch.tensor([1.6875, 0.9375, 0.46875, 0.0]))
+    logp = q.log().requires_grad_(True)
+    loss = dpace_loss(logp, valid, 0.5)
+    assert loss.item() == pytest.approx(1.6875 * LN2 + 0.9375 * 2 * LN2, rel=1e-6)
+    (grad,) = torch.autograd.grad(loss, logp)
+    # weights are detached: d loss / d log q_k = -weight_k exactly
+    assert torch.allclose(grad, -torch.tensor([1.6875, 0.9375, 0.46875, 0.0]))
+
+
+def test_token_outside_draft_vocabulary_counts_as_a_miss_without_gradient():
+    logp = torch.tensor([math.log(0.5), -INF, 0.0], requires_grad=True)
+    valid = torch.tensor([True, True, True])
+    q = true_token_probs(logp, valid)
+    assert q.tolist() == [0.5, 0.0, 1.0]
+    assert soft_coverage(q).item() == pytest.approx(0.5)  # acceptance stops at the miss
+    # s = 0.75, 0.5, 1 -> prefix 0.75, 0.375, 0.375 -> weights 1.5, 0.75, 0.375; CE 0 at the miss
+    loss = dpace_loss(logp, valid, 0.5)
+    assert loss.item() == pytest.approx(1.5 * LN2)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(grad).all() and grad[1] == 0
+
+
+def test_coverage_winner_take_all_and_gate_by_hand():
+    q = torch.tensor([[0.5, 0.5, 0.5], [1.0, 0.5, 0.0]])
+    assert soft_coverage(q).tolist() == [0.5 + 0.25 + 0.125, 1.0 + 0.5 + 0.0]
+    weights, winner = winner_take_all_weights(torch.tensor([0.2, 0.9, 0.5, 0.9]), 0.9)
+    assert winner.item() == 1  # ties go to the smaller index
+    assert torch.allclose(weights, torch.tensor([0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3]))
+    # MFD on one block, K = 2, P = 2: mode 0 q = (.5, .5), mode 1 q = (1, .25)
+    logp = torch.log(torch.tensor([[0.5, 0.5], [1.0, 0.25]]))
+    gate = torch.tensor([0.0, math.log(3.0)])
+    loss, parts = mfd_loss(logp, torch.tensor([True, True]), gate, alpha=0.5, winner_weight=0.9, gate_weight=0.1)
+    assert parts["coverage"].tolist() == [0.75, 1.25] and parts["winner"].item() == 1
+    # D-PACE: mode 0 weights (1.3125, .5625) x CE (ln2, ln2); mode 1 weights (1.625, .625) x CE (0, 2 ln2)
+    dpace = 0.1 * 1.875 * LN2 + 0.9 * 1.25 * LN2
+    gate_ce = -math.log(3.0 / 4.0)  # softmax(0, ln 3) puts 3/4 on the winner
+    assert parts["dpace"].item() == pytest.approx(dpace, rel=1e-6)
+    assert parts["gate"].item() == pytest.approx(gate_ce, rel=1e-6)
+    assert loss.item() == pytest.approx(dpace + 0.1 * gate_ce, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_true_token_logprobs_match_log_softmax(chunk):
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 5, requires_grad=True)
+    weight = torch.randn(11, 5, requires_grad=True)
+    index = torch.tensor([0, 3, -1, 10, 2, -1, 5])
+    upstream = torch.randn(7)
+    got = true_token_logprobs(hidden, weight, index, chunk)
+    ref = torch.log_softmax(hidden @ weight.t(), -1).gather(1, index.clamp(min=0)[:, None])[:, 0]
+    ok = index >= 0
+    assert torch.isinf(got[~ok]).all() and torch.allclose(got[ok], ref[ok], atol=1e-6)
+    grads = torch.autograd.grad((got[ok] * upstream[ok]).sum(), [hidden, weight])
+    ref_grads = torch.autograd.grad((ref[ok] * upstream[ok]).sum(), [hidden, weight])
+    for a, b in zip(grads, ref_grads):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+# -- data ------------------------------------------------------------------------------------------
+def test_anchors_order_and_batches_are_deterministic_and_supervised():
+    seq = Sequence("a", list(range(1, 21)), prompt_len=6)
+    anchors, valid = sample_anchors(seq, 8, seed=3, epoch=1, index=5)
+    assert valid.all() and len(set(anchors.tolist())) == 8 and anchors.tolist() == sorted(anchors.tolist())
+    assert all(6 <= p <= seq.length - 2 for p in anchors.tolist())  # p and p + 1 are response tokens
+    again, _ = sample_anchors(seq, 8, seed=3, epoch=1, index=5)
+    other, _ = sample_anchors(seq, 8, seed=3, epoch=2, index=5)
+    assert torch.equal(anchors, again) and not torch.equal(anchors, other)
+    short = Sequence("b", [1, 2, 3, 4], prompt_len=2)  # one anchor only: p = 2
+    anchors, valid = sample_anchors(short, 4, 0, 0, 0)
+    assert anchors.tolist()[:1] == [2] and valid.tolist() == [True, False, False, False]
+    epoch, first = step_sequences(3, 10, 4, seed=0)  # 2 steps an epoch: step 3 is epoch 1, batch 1
+    assert epoch == 1 and len(first) == 4 and first == step_sequences(3, 10, 4, seed=0)[1]
+    taps = [torch.randn(seq.length, 6), torch.randn(short.length, 6)]
+    batch = make_batch([seq, short], [0, 1], [sample_anchors(seq, 4, 0, 0, 0), (anchors, valid)], taps)
+    context = int(batch.anchors.max())
+    assert batch.taps.shape == (2, context, 6) and torch.equal(batch.taps[0], taps[0][:context])
+    assert batch.ids[1].tolist() == [1, 2, 3, 4] + [0] * 16 and batch.lengths.tolist() == [20, 4]
+
+
+def test_draft_vocabulary_is_the_most_frequent_response_tokens():
+    seqs = [Sequence("a", [9, 9, 5, 5, 5, 7], 2), Sequence("b", [1, 5, 7, 3], 1)]
+    # response tokens: 5 x 4, 7 x 2, 3 x 1 (the prompts' 9s and 1 do not count)
+    assert draft_vocabulary(seqs, 2, 10).tolist() == [5, 7]
+    assert draft_vocabulary(seqs, 4, 10).tolist() == [0, 3, 5, 7]  # then ties by the smaller id
+
+
+# -- a tiny workspace: target, z-lab base, regenerated data ----------------------------------------
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    from mfd_hub.regen import regenerate
+    from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target, tiny_tokenizer, write_zlab_checkpoint
+
+    root = tmp_path_factory.mktemp("train")
+    target = tiny_target("qwen3", vocab_size=64, init_std=0.2)
+    save_tiny_target(root / "tiny-target", target)
+    gen = torch.Generator().manual_seed(0)
+    prompts = []
+    for i in range(16):
+        n = int(torch.randint(3, 9, (1,), generator=gen))
+        prompts.append((f"p{i}", " ".join(f"t{int(t)}" for t in torch.randint(1, 64, (n,), generator=gen))))
+    regenerate(target, tiny_tokenizer(64), prompts, root / "tiny-data.jsonl", temperature=0.0, max_new_tokens=40,
+               batch_size=8, chat=False)
+    base = tiny_drafter(target, num_modes=0, num_layers=2, block_size=8)
+    write_zlab_checkpoint(root / "tiny-zlab", base.config, base.state_dict(), dtype=torch.float32)
+    return root, target
+
+
+@pytest.fixture
+def in_workspace(workspace, monkeypatch):
+    monkeypatch.chdir(workspace[0])
+    return workspace
+
+
+def _tiny(overrides=()):
+    return load_recipe("tiny-mfd", list(overrides))
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_feature_store_holds_the_target_taps_and_is_reused(in_workspace, tmp_path):
+    root, target = in_workspace
+    from mfd_hub.testing import target_taps
+    from mfd_hub.trainer import Dist, _Log, prepare_features
+
+    recipe = _tiny([f"data.features_dir={tmp_path / 'feats'}", "data.features_dtype=float32"])
+    sequences, _ = load_sequences(recipe.data.train, recipe.data.max_length)
+    info, embed, head, taps_of = prepare_features(recipe, sequences, [0, 2], Dist(), _Log(False))
+    assert info["hidden_size"] == 32 and torch.equal(head, target.lm_head.weight)
+    for i in (0, 7):
+        want = target_taps(target, torch.tensor([sequences[i].ids]), [0, 2])[0]
+        assert torch.allclose(taps_of([i])[0], want, atol=1e-5)
+    # complete store: the target is not needed any more (its folder may even be gone)
+    os.rename(root / "tiny-target", root / "moved-target")
+    try:
+        again = prepare_features(recipe, sequences, [0, 2], Dist(), _Log(False))
+        assert torch.equal(again[3]([3])[0], taps_of([3])[0])
+    finally:
+        os.rename(root / "moved-target", root / "tiny-target")
+    store = FeatureStore(tmp_path / "feats", {"target": recipe.target, "tap_layers": [0, 2], "dtype": "float32",
+                                              "max_length": 64})
+    changed = [Sequence(s.id, s.ids[:-1] + [s.ids[-1] ^ 1], s.prompt_len) for s in sequences]
+    with pytest.raises(MfdHubError, match="other tokens"):
+        store.missing(changed)
+    with pytest.raises(MfdHubError, match="tap_layers"):
+        FeatureStore(tmp_path / "feats", {**store.spec, "tap_layers": [1]}).check_meta()
+    extractor = TapExtractor(target, [0, 2], torch.float32, batch_tokens=20)  # several padded batches
+    for got, seq in zip(extractor([s.ids for s in sequences[:5]]), sequences[:5]):
+        assert torch.allclose(got, target_taps(target, torch.tensor([seq.ids]), [0, 2])[0], atol=1e-5)
+
+
+# -- recipes -----------------------------------------------------------------------------------------
+PUBLISHED = {
+    # name: (target, z-lab base, taps, mask id, prompts, thinking, MFD-D)
+    "MFD-Qwen3-4B": ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 1420000, False, False),
+    "MFD-Qwen3-8B": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 1420000, False, False),
+    "MFD-Qwen3.5-4B": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", [1, 8, 15, 22, 29], 248070, 1420000, True, False),
+    "MFD-Qwen3.6-27B": ("Qwen/Qwen3.6-27B", "z-lab/Qwen3.6-27B-DFlash", [1, 16, 31, 46, 61], 248070, 1420000, True,
+                        False),
+    "MFD-Qwen3-4B-100K": ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 100000, False,
+                          False),
+    "MFD-Qwen3-8B-100K": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 100000, False,
+                          False),
+    "MFD-Qwen3.5-4B-100K": ("Qwen/Qwen3.5-4B", "z-lab/Qwen3.5-4B-DFlash", [1, 8, 15, 22, 29], 248070, 100000, True,
+                            False),
+    "MFD-Qwen3.6-27B-100K": ("Qwen/Qwen3.6-27B", "z-lab/Qwen3.6-27B-DFlash", [1, 16, 31, 46, 61], 248070, 100000,
+                             True, False),
+    "MFD-D-Qwen3-4B": ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 1420000, False, True),
+    "MFD-D-Qwen3-8B": ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", [1, 9, 17, 25, 33], 151669, 1420000, False, True),
+}
+
+
+def test_published_recipes_match_design_and_the_model_card():
+    shipped = packaged_recipes()
+    assert set(PUBLISHED) <= set(shipped)
+    for name, (target, base, taps, mask, prompts, thinking, mfd_d) in PUBLISHED.items():
+        r = load_recipe(name)
+        assert (r.name, r.target, r.drafter.base, r.drafter.target_layer_ids) == (name, target, base, taps)
+        assert (r.drafter.mask_token_id, r.drafter.block_size, r.drafter.num_modes) == (mask, 16, 8)
+        assert r.drafter.default_path is mfd_d and r.drafter.draft_vocab_size is None
+        # DESIGN §2 / the card: data and regeneration
+        g = r.data.regen
+        assert (g.num_prompts, g.thinking, g.temperature, g.top_p, g.top_k, g.max_new_tokens) == (
+            prompts, thinking, 0.7, 0.8, 20, 2048)
+        assert g.prompts == ("hf:mlabonne/open-perfectblend" if prompts == 1420000 else None)
+        assert r.data.max_length == 3072
+        # objective: relaxed winner-take-all 0.9 / 0.1 / (K-1), D-PACE alpha 0.5 in each mode, gate 0.1
+        assert (r.loss.type, r.loss.winner_weight, r.loss.alpha, r.loss.gate_weight) == ("mfd", 0.9, 0.5, 0.1)
+        # optimisation: AdamW 1e-4, 4% warmup, cosine, clip 1, 3 epochs, 36 sequences, 64 anchors
+        t = r.train
+        assert (t.lr, t.warmup_ratio, t.schedule, t.grad_clip, t.epochs, t.batch_size, t.anchors_per_sequence) == (
+            1e-4, 0.04, "cosine", 1.0, 3, 36, 64)
+        assert t.max_steps is None and t.precision == "auto"
+
+
+def test_recipe_errors_are_one_clear_line(in_workspace, tmp_path):
+    cases = {
+        "train.epoch=1": "unknown key train.epoch (did you mean train.epochs?)",
+        "train.lr=fast": "train.lr must be a number",
+        "loss.type=kl": "loss.type must be one of dflash, dpace, mfd",
+        "drafter.num_modes=1": "mfd needs drafter.num_modes >= 2",
+        "train.micro_batch_size=3": "not a multiple of train.micro_batch_size",
+        "loss.winner_weight=1.5": "loss.winner_weight must be in [0, 1]",
+        "drafter.config={num_layers: 2}": "drafter.config is only for drafter.base: scratch",
+    }
+    scratch = ["drafter.base=scratch", "drafter.num_modes=0", "loss.type=dpace", "drafter.mask_token_id=1",
+               "drafter.target_layer_ids=[0]"]
+    cases[("drafter.config={num_hiden_layers: 2}", *scratch)] = "num_hiden_layers is not a DFlashConfig field " \
+        "(did you mean drafter.config.num_hidden_layers?)"
+    cases[("drafter.config={hidden_size: 8}", *scratch)] = "drafter.config.hidden_size is set by the recipe"
+    for override, message in cases.items():
+        with pytest.raises(MfdHubError) as caught:
+            _tiny([override] if isinstance(override, str) else list(override))
+        assert message in str(caught.value) and "\n" not in str(caught.value), override
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntarget: [unclosed\n")
+    for args in (["train", str(bad)], ["train", "no-such-recipe"], ["train", "tiny-mfd", "data.train=missing.jsonl"]):
+        result = run_cli(args, in_workspace[0])
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode != 0 and lines and lines[-1].startswith("error: "), (args, result.stderr)
+        assert "Traceback" not in result.stderr and sum(line.startswith("error") for line in lines) == 1
+
+
+# -- real runs -------------------------------------------------------------------------------------
+def test_tiny_recipe_trains_on_cpu_and_writes_contract_checkpoints(in_workspace):
+    from mfd_hub import load_draft
+    from mfd_hub.train_checkpoint import is_train_checkpoint, load_train_checkpoint
+    from mfd_hub.verify import verify_checkpoint
+
+    root, _ = in_workspace
+    result = run_cli(["train", "tiny-mfd", "output.dir=runs/cli", "--json"], root)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    run = root / "runs" / "cli"
+    losses = [m["loss"] for m in _metrics(run)]
+    steps = len(load_sequences(root / "tiny-data.jsonl", 64)[0]) // 4 * 3  # 4 sequences a step, 3 epochs
+    assert len(losses) == summary["total_steps"] == steps
+    # AdamW at 3e-3: linear warmup over ceil(10%) of the steps, then cosine to 0
+    warmup = math.ceil(0.1 * steps)
+    want = [3e-3 * (k + 1) / warmup if k < warmup
+            else 3e-3 * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup))) for k in range(steps)]
+    assert [m["lr"] for m in _metrics(run)] == pytest.approx(want)
+    assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses  # the loss falls
+    diag = json.loads((run / "diagnostics.json").read_text())["run"]
+    assert diag["blocks"] == steps * 4 * 8 and len(diag["win_rate_per_mode"]) == 4
+    assert 1.0 <= diag["effective_modes"] <= 4.0 and 0.0 <= diag["gate_top1_accuracy"] <= 1.0
+    checkpoint = run / "checkpoints" / f"step-{steps:07d}"
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert is_train_checkpoint(checkpoint) and kept == [f"step-{steps - 3:07d}", checkpoint.name]
+    trained = load_train_checkpoint(checkpoint)
+    exported = load_draft(summary["exported"])
+    assert verify_checkpoint(summary["exported"]).ok
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, trained.state_dict()[name]), name
+    assert exported.config.num_modes == 4 and exported.config.mfd_metadata["mode_init"]["seed"] == 0
+    base = load_draft(root / "tiny-zlab")
+    assert not torch.equal(base.fc.weight, exported.fc.weight)  # it trained
+    # a finished run refuses to start over in the same folder
+    again = run_cli(["train", "tiny-mfd", "output.dir=runs/cli"], root)
+    assert again.returncode != 0 and "--resume" in again.stderr
+
+
+@pytest.fixture(scope="module")
+def reference_run(workspace):
+    """The tiny recipe, uninterrupted, in one process (micro-batches of 2 sequences)."""
+    from mfd_hub.trainer import train
+
+    root, _ = workspace
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        train(_tiny(["output.dir=runs/reference"]), verbose=False)
+    finally:
+        os.chdir(cwd)
+    return root / "runs" / "reference"
+
+
+def _final_weights(run):
+    from mfd_hub.train_checkpoint import load_train_checkpoint
+
+    step = json.loads((run / "train_summary.json").read_text())["steps"]
+    return load_train_checkpoint(run / "checkpoints" / f"step-{step:07d}").state_dict()
+
+
+def test_stop_and_resume_is_bit_exact(in_workspace, reference_run):
+    from mfd_hub.trainer import train
+
+    recipe = _tiny(["output.dir=runs/resumed"])
+    train(recipe, stop_after=6, verbose=False)
+    assert not (recipe.run_dir / "final").exists()
+    with pytest.raises(MfdHubError, match="recipe changed"):
+        train(_tiny(["output.dir=runs/resumed", "train.lr=1e-3"]), resume=True, verbose=False)
+    train(recipe, resume=True, verbose=False)
+    want, got = _final_weights(reference_run), _final_weights(recipe.run_dir)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert [m["loss"] for m in _metrics(recipe.run_dir)] == [m["loss"] for m in _metrics(reference_run)]
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_two_gloo_ranks_equal_one_rank(in_workspace, reference_run, parallel):
+    root, _ = in_workspace
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "mfd_hub",
+         "train", "tiny-mfd", f"output.dir=runs/two-{parallel}", f"train.parallel={parallel}", "--json"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["world_size"] == 2  # one summary, from rank 0
+    want, got = _final_weights(reference_run), _final_weights(root / "runs" / f"two-{parallel}")
+    for name in want:
+        assert torch.allclose(want[name], got[name], atol=1e-5, rtol=1e-4), name
+    ref_losses = [m["loss"] for m in _metrics(reference_run)]
+    assert [m["loss"] for m in _metrics(root / "runs" / f"two-{parallel}")] == pytest.approx(ref_losses, rel=1e-5)
+
+
+def test_scratch_dpace_with_a_draft_vocabulary(in_workspace):
+    """A scratch drafter (no base), D-PACE, drafting over 24 of 64 tokens: targets outside the
+    draft vocabulary are misses, the loss stays finite and falls, the head and d2t are exported."""
+    from mfd_hub import load_draft
+    from mfd_hub.trainer import train
+
+    overrides = ["output.dir=runs/scratch", "drafter.base=scratch", "drafter.num_modes=0", "loss.type=dpace",
+                 "drafter.target_layer_ids=[0, 2]", "drafter.mask_token_id=63", "drafter.block_size=8",
+                 "drafter.draft_vocab_size=24", "drafter.train_lm_head=true", "output.save_every=0",
+                 "drafter.config={num_hidden_layers: 1, intermediate_size: 64, num_attention_heads: 4, "
+                 "num_key_value_heads: 2, head_dim: 8}"]
+    summary = train(_tiny(overrides), verbose=False)
+    losses = [m["loss"] for m in _metrics(Path(summary["run_dir"]))]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    drafter = load_draft(summary["exported"])
+    cfg = drafter.config
+    assert cfg.num_hidden_layers == 1 and cfg.draft_vocab_size == 24 and cfg.mfd_metadata["init"] == "scratch"
+    sequences, _ = load_sequences("tiny-data.jsonl", 64)
+    kept = drafter.draft_to_target_ids(torch.arange(24))
+    assert kept.tolist() == draft_vocabulary(sequences, 24, 64).tolist() and int(drafter.t2d.sum()) == 24
+    response = [t for s in sequences for t in s.ids[s.prompt_len:]]
+    assert any(t not in set(kept.tolist()) for t in response)  # some targets really are outside
+
+
+def test_mfd_d_trains_the_default_path_and_dflash_loss_runs(in_workspace):
+    from mfd_hub import load_draft
+    from mfd_hub.trainer import train
+
+    summary = train(_tiny(["output.dir=runs/mfd-d", "drafter.default_path=true", "train.max_steps=4",
+                           "output.save_every=0"]), verbose=False)
+    drafter = load_draft(summary["exported"])
+    assert drafter.config.default_path and drafter.default_embed.abs().sum() > 0  # it moved from zero
+    assert "default_path" in summary["diagnostics"] and "default" in _metrics(Path("runs/mfd-d"))[0]
+    summary = train(_tiny(["output.dir=runs/dflash", "loss.type=dflash", "drafter.num_modes=0", "train.max_steps=3",
+                           "output.save_every=0"]), verbose=False)
+    assert summary["final_loss"] > 0 and load_draft(summary["exported"]).config.num_modes == 0
+
+
+def test_bases_zlab_with_new_modes_and_mfd_as_they_are(in_workspace, reference_run):
+    from mfd_hub import load_draft
+    from mfd_hub.trainer import build_drafter
+
+    root, target = in_workspace
+    sequences, _ = load_sequences("tiny-data.jsonl", 64)
+    info = {"name_or_path": "./tiny-target", "model_type": "qwen3", "hidden_size": 32, "vocab_size": 64,
+            "num_hidden_layers": 4}
+    base = load_draft("tiny-zlab").state_dict()
+    fresh = build_drafter(_tiny(), info, target.lm_head.weight, sequences)
+    state = fresh.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in base.items())  # every base weight carried over
+    assert set(state) - set(base) == {"mode_embed", "mode_gate.weight"}
+    assert 0.01 < float(fresh.mode_embed.detach().std()) < 0.04 and fresh.config.mfd_metadata["base"] == "./tiny-zlab"
+    assert fresh.config.target == info
+    mfd_base = reference_run / "final"  # an MFD checkpoint keeps its modes and gate
+    again = build_drafter(_tiny([f"drafter.base={mfd_base}"]), info, target.lm_head.weight, sequences)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in load_draft(mfd_base).state_dict().items())
+    with pytest.raises(MfdHubError, match="has 4 modes"):
+        build_drafter(_tiny([f"drafter.base={mfd_base}", "drafter.num_modes=8"]), info, target.lm_head.weight,
+                      sequences)
+    with pytest.raises(MfdHubError, match="target_layer_ids"):
+        build_drafter(_tiny(["drafter.target_layer_ids=[1, 2]"]), info, target.lm_head.weight, sequences)
+
+
+def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
+    result = run_cli(["train", "MFD-Qwen3-8B", "data.train=x.jsonl", "--check", "--json"], in_workspace[0])
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    assert resolved["data"]["train"] == "x.jsonl" and resolved["train"]["lr"] == 1e-4
+    listed = CliRunner().invoke(cli, ["train", "--list"])
+    assert listed.exit_code == 0 and set(PUBLISHED) <= set(listed.output.split())
