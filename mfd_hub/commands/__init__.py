@@ -1,6 +1,9 @@
 """The CLI's commands, one module each; ``COMMANDS`` is what ``mfd-hub`` registers."""
 
+from .card import card
+from .drafters import list_drafters
 from .generate import generate
 from .info import info
+from .push import push
 
-COMMANDS = [generate, info]
+COMMANDS = [card, generate, info, list_drafters, push]
