@@ -47,7 +47,7 @@ class PlannedFile:
 
 @dataclass
 class RemoteState:
-    checked: str  # "yes", "offline", "unreachable: ...", "no repository"
+    checked: str  # "yes", "offline", "no repository", or "not compared (why)" for a dry run
     exists: bool = False
     head: str | None = None  # head of the branch pushed to (None: branch missing)
     base: str | None = None  # the commit compared with (branch head, else main's)
@@ -277,7 +277,6 @@ def execute(plan, entries, api, private=False):
     """Carry out a plan made by ``plan_push`` against a reachable remote: create the repository
     and branch if needed, make the one commit, tag it. Returns a result dict."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, get_token
-
     from huggingface_hub.utils import disable_progress_bars
 
     token = get_token()

@@ -273,11 +273,22 @@ class _Check:
             self.fail(key, f"must be positive, not {value}")
         return value
 
+    def repo_id(self, key):
+        value = self.get(key, str)
+        if not _REPO_ID.match(value):
+            self.fail(key, f"{value!r} is not a Hub repo id (owner/name)")
+        return value
+
     def key_of(self, key, choices, optional=False):
         value = self.get(key, str, optional=optional)
         if value is not None and value not in choices:
             self.fail(key, f"{value!r} is not one of {sorted(choices)}")
         return value
+
+    def entries(self, key):
+        """(name, _Check) for each entry of the mapping under ``key``."""
+        for name, raw in self.sub(key).value.items():
+            yield name, _Check(f"{key}.{name}", raw)
 
     def sub(self, key, optional=False):
         value = self.get(key, dict, optional=optional, default={})
@@ -298,8 +309,7 @@ def _cell(check, column, temp):
 
 def _tables(top, targets):
     tables = {}
-    for key, raw in top.sub("tables").value.items():
-        check = _Check(f"tables.{key}", raw)
+    for key, check in top.entries("tables"):
         columns = check.get("columns", list)
         for column in columns:
             if column not in targets:
@@ -334,13 +344,9 @@ def _tables(top, targets):
 
 def _targets(top):
     targets = {}
-    for key, raw in top.sub("targets").value.items():
-        check = _Check(f"targets.{key}", raw)
-        repo = check.get("repo", str)
-        if not _REPO_ID.match(repo):
-            check.fail("repo", f"{repo!r} is not a Hub repo id (owner/name)")
+    for key, check in top.entries("targets"):
         targets[key] = Target(
-            key=key, repo=repo, paper_column=check.get("paper_column", str), mode=check.get("mode", str),
+            key=key, repo=check.repo_id("repo"), paper_column=check.get("paper_column", str), mode=check.get("mode", str),
             license=check.get("license", str), num_hidden_layers=check.positive_int("num_hidden_layers"),
             hidden_size=check.positive_int("hidden_size"), vocab_size=check.positive_int("vocab_size"),
             tags=check.get("tags", list, optional=True, default=[]),
@@ -353,8 +359,7 @@ def _bases(top, targets):
     shape = {k: shape_check.positive_int(k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
     shape["dtype"] = shape_check.get("dtype", str)
     bases = {}
-    for repo, raw in top.sub("bases").value.items():
-        check = _Check(f"bases.{repo}", raw)
+    for repo, check in top.entries("bases"):
         if not _REPO_ID.match(repo):
             top.fail("bases", f"key {repo!r} is not a Hub repo id (owner/name)")
         target = targets[check.key_of("target", targets)]
@@ -383,8 +388,7 @@ def _bases(top, targets):
 
 def _data(top):
     data = {}
-    for key, raw in top.sub("data").value.items():
-        check = _Check(f"data.{key}", raw)
+    for key, check in top.entries("data"):
         datasets = check.get("datasets", list)
         for name in datasets:
             if not isinstance(name, str) or not _REPO_ID.match(name):
@@ -402,8 +406,8 @@ def _drafter(i, raw, defaults, tables, bases, data):
     name = check.get("name", str)
     if not _NAME.match(name):
         check.fail("name", f"{name!r} is not a plain model name")
-    repo_id = check.get("repo_id", str)
-    if not _REPO_ID.match(repo_id) or repo_id.split("/")[1] != name:
+    repo_id = check.repo_id("repo_id")
+    if repo_id.split("/")[1] != name:
         check.fail("repo_id", f"{repo_id!r} must be owner/{name}")
     base = bases[check.key_of("base", bases)]
     budget_check = check.sub("budget")

@@ -15,14 +15,15 @@ import yaml
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerFast
 
-from conftest import run_cli
+from conftest import NO_MFD_HUB, run_cli, run_python
 from mfd_hub import __version__, save_draft
 from mfd_hub.cli import cli
 from mfd_hub.errors import MfdHubError
 from mfd_hub.model_card import render_card
 from mfd_hub.registry import ENGINES, load_registry
-from mfd_hub.testing import tiny_drafter, tiny_target
+from mfd_hub.testing import save_tiny_target, tiny_registry_drafter, tiny_target
 
 SEEDS = Path(os.environ.get("MFD_HUB_SEEDS", "/work/shared/seeds"))
 # The names the recipes use too (coordination: registry and recipes describe the same models).
@@ -245,13 +246,8 @@ def test_qwen3_8b_card_covers_the_published_card(registry):
 
 
 def registry_checkpoint(folder, drafter, max_shard_size="5GB", seed=1, overwrite=False, **overrides):
-    """A tiny real checkpoint with the identity the registry gives ``drafter`` (K, block, taps...)."""
-    identity = {**drafter.identity(), **overrides}
-    target = tiny_target("qwen3", vocab_size=identity["vocab_size"], num_layers=identity["num_target_layers"])
-    model = tiny_drafter(target, num_modes=identity["num_modes"], block_size=identity["block_size"],
-                         target_layer_ids=identity["target_layer_ids"], mask_token_id=identity["mask_token_id"],
-                         default_path=identity["default_path"], seed=seed)
-    model.config.target["name_or_path"] = drafter.target.repo
+    """A tiny real checkpoint folder with the identity the registry gives ``drafter``."""
+    model = tiny_registry_drafter(drafter, seed=seed, **overrides)
     return save_draft(model, folder, max_shard_size=max_shard_size, overwrite=overwrite)
 
 
@@ -266,6 +262,27 @@ def test_card_from_checkpoint_states_its_shape(registry, tmp_path):
     assert f"| Parameters | {params:,}, fp32;" in text
     assert "`default_embed`" in text and f"(mfd-hub {__version__})" in text
     assert 'AutoModel.from_pretrained("me/MFD-D-Qwen3-8B"' in text
+
+
+def test_card_usage_code_runs_as_written(registry, tmp_path):
+    """The card's Python example, pointed at a tiny local target and checkpoint (CPU, fp32, a few
+    tokens), runs in a process that cannot import mfd_hub: the bundled remote code is enough."""
+    d = registry.get("MFD-Qwen3-8B")
+    folder = registry_checkpoint(tmp_path / "draft", d)
+    target = tiny_target("qwen3", vocab_size=d.target.vocab_size, num_layers=d.target.num_hidden_layers)
+    save_tiny_target(tmp_path / "target", target)
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "target")
+    tok.chat_template = "{% for m in messages %}t5 t7 {% endfor %}{% if add_generation_prompt %}t9{% endif %}"
+    tok.save_pretrained(tmp_path / "target")
+    card = render_card(d, path=folder, registry=registry)
+    code = re.search(r"```python\n(.+?)```", card, re.DOTALL)[1]
+    for old, new in ((d.repo_id, str(folder)), (d.target.repo, str(tmp_path / "target")), (".cuda()", ""),
+                     ("torch.bfloat16", "torch.float32"), ("max_new_tokens=512", "max_new_tokens=6")):
+        assert old in code
+        code = code.replace(old, new)
+    result = run_python(NO_MFD_HUB + code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'tau'" in result.stdout
 
 
 def test_card_command_writes_and_refuses(registry, tmp_path):
