@@ -211,3 +211,16 @@ def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
     finally:
         target.generation_config = saved
     return out[0, input_ids.shape[1] :].tolist()
+
+
+def tiny_registry_drafter(drafter, seed=1, **overrides):
+    """A tiny random drafter with the identity the registry gives ``drafter`` (a
+    ``mfd_hub.registry.Drafter``): its K, block size, taps, target depth, mask id, vocabulary,
+    default path and target name, at a tiny width. ``overrides`` change identity fields."""
+    identity = {**drafter.identity(), **overrides}
+    target = tiny_target("qwen3", vocab_size=identity["vocab_size"], num_layers=identity["num_target_layers"])
+    model = tiny_drafter(target, num_modes=identity["num_modes"], block_size=identity["block_size"],
+                         target_layer_ids=identity["target_layer_ids"], mask_token_id=identity["mask_token_id"],
+                         default_path=identity["default_path"], seed=seed)
+    model.config.target["name_or_path"] = drafter.target.repo
+    return model

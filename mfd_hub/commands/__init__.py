@@ -1,8 +1,11 @@
 """The CLI's commands, one module each; ``COMMANDS`` is what ``mfd-hub`` registers."""
 
+from .card import card
+from .drafters import list_drafters
 from .generate import generate
 from .info import info
+from .push import push
 from .regen import regen
 from .train import train
 
-COMMANDS = [generate, info, regen, train]
+COMMANDS = [card, generate, info, list_drafters, push, regen, train]
