@@ -421,3 +421,29 @@ def test_bad_conversions_are_one_line_and_write_nothing(vocab_pair):
         result = run_cli(args, tmp_path)
         assert one_error_line(result), (args, result.stderr)
         assert tree_state(tmp_path) == before, args  # nothing written, nothing modified
+
+
+@pytest.mark.slow
+def test_smollm2_draft_vocab_from_text_is_lossless_and_verified(tmp_path):
+    """The real SmolLM2-135M target (GGUF): a text corpus tokenised by the target's tokenizer, the
+    LM head taken from the loaded model, and verify's decoding check against it."""
+    from mfd_hub.converters import convert_draft_vocab
+    from mfd_hub.miniature import derive_training_prompts
+    from mfd_hub.targets import encode_prompt, load_target
+
+    target, tokenizer = load_target("smollm2")
+    save_draft(tiny_drafter(target, num_modes=2, num_layers=1, block_size=16), tmp_path / "draft")
+    with (tmp_path / "corpus.jsonl").open("w") as handle:
+        for prompt in derive_training_prompts(300):
+            handle.write(json.dumps({"text": prompt}) + "\n")
+    summary = convert_draft_vocab(tmp_path / "draft", tmp_path / "dv", "smollm2", tmp_path / "corpus.jsonl", 512)
+    assert summary["draft_vocab_size"] == 512 and tokenizer.eos_token_id in summary["always_kept"]
+    reduced = load_draft(tmp_path / "dv")
+    assert torch.equal(reduced.lm_head.weight, target.lm_head.weight[torch.arange(512) + reduced.d2t])
+    for prompt in ("def add(a, b):\n    return", "Write a haiku about the sea."):
+        ids = encode_prompt(tokenizer, prompt)
+        want = greedy_decode(target, ids, 48)
+        out = reduced.spec_generate(target, ids, max_new_tokens=48, method="mixture", tree_budget=32)
+        assert out.new_tokens == want
+    report = verify_checkpoint(tmp_path / "dv", target="smollm2")
+    assert report.ok, report.to_dict()
