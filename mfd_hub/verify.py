@@ -403,7 +403,8 @@ def _target_sizes(ck):
     if ck.target_config is not None:
         t = ck.target_config
         return "the target", t.get("hidden_size"), t.get("vocab_size"), t.get("num_hidden_layers")
-    t = ck.config.target or {}
+    # a z-lab config names no target: the identity config_from_zlab fills in is the drafter's own
+    t = ck.config.target if ck.format == "mfd" else {}
     if any(t.get(k) is not None for k in ("hidden_size", "vocab_size", "num_hidden_layers")):
         return "the recorded target", t.get("hidden_size"), t.get("vocab_size"), t.get("num_hidden_layers")
     return None

@@ -1,5 +1,6 @@
 """``mfd-hub convert``: other checkpoints -> mfd-hub drafters (the converters in ``converters/``)."""
 
+import re
 from pathlib import Path
 
 import click
@@ -8,6 +9,7 @@ from ..cli import emit_json, examples
 from ..errors import UsageError
 
 DTYPE_CHOICE = click.Choice(["bfloat16", "float16", "float32"])
+_SIZE = re.compile(r"^\d+(\.\d+)?\s*[KMGT]B$")  # what huggingface_hub's shard splitter parses
 
 
 def _destination(source, out, overwrite):
@@ -30,11 +32,20 @@ def _done(summary, as_json):
     click.echo(f"check it with: mfd-hub verify {summary['out']}", err=True)
 
 
-def _shard_option(function):
+def _output_options(function):
+    """--max-shard-size, --overwrite and --json: how every converter writes OUT and reports."""
+    function = click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")(function)
+    function = click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")(function)
     return click.option(
-        "--max-shard-size", default="5GB", show_default=True,
+        "--max-shard-size", default="5GB", show_default=True, callback=_check_size,
         help="Split the weights into shards of at most this size (with an index), as the Hub does.",
     )(function)
+
+
+def _check_size(ctx, param, value):
+    if not _SIZE.match(value):
+        raise click.BadParameter(f"{value!r} is not a size such as 5GB, 500MB or 20KB")
+    return value
 
 
 @click.group(
@@ -67,11 +78,9 @@ def convert():
 @click.option("--mode-std", type=click.FloatRange(min=0), default=None, help="Std of mode_embed (default: initializer_range).")
 @click.option("--gate-std", type=click.FloatRange(min=0), default=None, help="Std of mode_gate (default: initializer_range).")
 @click.option("--dtype", type=DTYPE_CHOICE, default="bfloat16", show_default=True)
-@_shard_option
 @click.option("--revision", default=None, help="Hub revision of SOURCE (a branch, tag or commit).")
 @click.option("--target-name", default=None, help="Record the target's name (e.g. Qwen/Qwen3-8B) in the config.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@_output_options
 def convert_zlab_command(source, out, num_modes, seed, mode_std, gate_std, dtype, max_shard_size, revision, target_name,
                          overwrite, as_json):
     """A z-lab DFlash drafter (SOURCE: folder or Hub id) -> an MFD drafter with K seeded modes.
@@ -100,9 +109,7 @@ def convert_zlab_command(source, out, num_modes, seed, mode_std, gate_std, dtype
 @click.argument("source", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path())
 @click.option("--dtype", type=DTYPE_CHOICE, default=None, help="Cast the weights (default: the dtype training saved).")
-@_shard_option
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@_output_options
 def convert_train_ckpt_command(source, out, dtype, max_shard_size, overwrite, as_json):
     """A training checkpoint (or a run folder: its newest one) -> a Hub-ready drafter.
 
@@ -136,9 +143,7 @@ def convert_train_ckpt_command(source, out, dtype, max_shard_size, overwrite, as
               "ids, then the text fields response, text, completion).")
 @click.option("--tokenizer", default=None, help="Tokenizer for text records (default: the target's).")
 @click.option("--dtype", type=DTYPE_CHOICE, default=None, help="Weight dtype (default: the source's).")
-@_shard_option
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@_output_options
 def convert_draft_vocab_command(source, out, target_spec, corpus, size, field, tokenizer, dtype, max_shard_size,
                                 overwrite, as_json):
     """Give a drafter a reduced draft vocabulary: the N tokens most frequent in a response corpus.
@@ -181,9 +186,7 @@ def convert_draft_vocab_command(source, out, target_spec, corpus, size, field, t
 @click.option("--default-from", default="zeros", show_default=True,
               help="Start of the default path: 'zeros' (plain DFlash), 'mean' (of the modes) or 'mode:K'.")
 @click.option("--dtype", type=DTYPE_CHOICE, default=None, help="Weight dtype (default: the source's).")
-@_shard_option
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@_output_options
 def convert_mfd_d_command(source, out, default_from, dtype, max_shard_size, overwrite, as_json):
     """An MFD drafter -> its MFD-D form: the K modes plus a single-mode default path.
 
