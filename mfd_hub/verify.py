@@ -589,15 +589,21 @@ def verify_checkpoint(path, target=None, listener=None):
             report.add("target", FAIL, f"cannot read the target's config: {err}")
             return report
 
+    blocked = set()  # checks that failed, or could not run because what they need did not pass
+
     def run(name, check, *args, needs=()):
-        if any(report_status(report, n) not in (PASS, WARN, SKIP) for n in needs):
-            return report.add(name, SKIP, f"needs {', '.join(needs)}")
+        unmet = [n for n in needs if n in blocked]
+        if unmet:
+            blocked.add(name)
+            return report.add(name, SKIP, f"not run: {', '.join(unmet)} did not pass")
         try:
             status, reason = check(ck, *args)
         except CheckFailed as err:
-            return report.add(name, FAIL, str(err))
+            status, reason = FAIL, str(err)
         except Exception as err:  # a damaged file must never escape as a traceback
-            return report.add(name, FAIL, f"{type(err).__name__}: {err}")
+            status, reason = FAIL, f"{type(err).__name__}: {err}"
+        if status == FAIL:
+            blocked.add(name)
         return report.add(name, status, reason)
 
     run("files", check_files)
@@ -616,7 +622,3 @@ def verify_checkpoint(path, target=None, listener=None):
     run("spec-decoding", check_spec_decoding, target, bool(report.failures()), needs=("tensors",))
     return report
 
-
-def report_status(report, name):
-    """The status of check ``name`` in ``report`` (None when it did not run)."""
-    return next((c.status for c in report.checks if c.name == name), None)
