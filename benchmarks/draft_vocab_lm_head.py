@@ -22,20 +22,21 @@ from mfd_hub.converters import reduce_vocabulary
 from mfd_hub.kernels.tree_build import top_candidates
 
 
-def timed(fn, repeats, device):
-    """Median wall time of ``fn()`` in milliseconds (after two warm-up calls)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+def timed(fns, repeats, device):
+    """Median wall time in ms of each of ``fns``, measured round-robin (one call of each per
+    round, after two warm-up rounds) so that drifting machine load hits every one alike."""
+    times = [[] for _ in fns]
+    for round_ in range(repeats + 2):
+        for fn, samples in zip(fns, times):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if round_ >= 2:
+                samples.append((time.perf_counter() - start) * 1000)
+    return [statistics.median(samples) for samples in times]
 
 
 def main():
@@ -66,9 +67,16 @@ def main():
     target_head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
     torch.nn.init.normal_(target_head.weight, std=0.02)
 
+    # Built outside inference_mode, as loading does: weights created as inference tensors take a
+    # slower matmul path here (2x per row on CPU), which would flatter the full head.
+    models = [("full", args.vocab, drafter, target_head)]
+    for size in [int(s) for s in args.sizes.split(",")]:
+        keep = torch.randperm(args.vocab)[:size].sort().values
+        models.append((f"draft {size}", size, reduce_vocabulary(drafter, target_head.weight.detach(), keep), None))
+    models = [(name, size, model.to(device, dtype), head and head.to(device, dtype)) for name, size, model, head in models]
+
     cache = DraftContextCache()
     with torch.inference_mode():
-        drafter = drafter.to(device, dtype)
         taps = torch.randn(1, args.context, len(config.target_layer_ids) * args.hidden, device=device, dtype=dtype)
         drafter.extend_context(cache, taps, torch.arange(args.context, device=device))
         block = torch.randn(1, 1, args.block, args.hidden, device=device, dtype=dtype)
@@ -81,17 +89,12 @@ def main():
             logprobs = torch.log_softmax(model.compute_logits(hidden, lm_head).float(), dim=-1)
             top_candidates(logprobs, args.budget)
 
-        def measure(name, size, model, lm_head):
-            logits_ms = timed(lambda: model.compute_logits(hidden, lm_head), args.repeats, device)
-            return name, size, logits_ms, timed(lambda: head_stage(model, lm_head), args.repeats, device)
-
-        target_head = target_head.to(device, dtype)
-        rows = [measure("full", args.vocab, drafter, target_head)]
-        for size in [int(s) for s in args.sizes.split(",")]:
-            keep = torch.randperm(args.vocab)[:size].sort().values
-            reduced = reduce_vocabulary(drafter, target_head.weight.detach().float().cpu(), keep).to(device, dtype)
-            rows.append(measure(f"draft {size}", size, reduced, None))
-        layer_ms = timed(layers, args.repeats, device)
+        fns = [layers]
+        for _, _, model, lm_head in models:
+            fns.append(lambda model=model, lm_head=lm_head: model.compute_logits(hidden, lm_head))
+            fns.append(lambda model=model, lm_head=lm_head: head_stage(model, lm_head))
+        layer_ms, *head_ms = timed(fns, args.repeats, device)
+        rows = [(name, size, head_ms[2 * i], head_ms[2 * i + 1]) for i, (name, size, _, _) in enumerate(models)]
 
     full_logits, full_stage = rows[0][2], rows[0][3]
     print(f"device {device}, {args.dtype}, threads {torch.get_num_threads()}, H={args.hidden}, V={args.vocab}, "
