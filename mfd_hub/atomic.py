@@ -18,6 +18,16 @@ def _staging_prefix(dest):
     return f".{dest.name}.partial-"
 
 
+def _ordinary_permissions(folder):
+    """mkdtemp makes the staging folder private (0700), and some writers make files 0600; the
+    published folder gets the modes an ordinary mkdir / open would give under the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 @contextlib.contextmanager
 def atomic_directory(dest, overwrite=False):
     """Yield a staging folder; on success it becomes ``dest`` in one rename."""
@@ -31,6 +41,7 @@ def atomic_directory(dest, overwrite=False):
     staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(dest), dir=dest.parent))
     try:
         yield staging
+        _ordinary_permissions(staging)
         if dest.exists():
             old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
             os.rename(dest, old)

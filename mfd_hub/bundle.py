@@ -84,6 +84,14 @@ def bundle_sources():
     return out
 
 
+def bundle_version_of(text):
+    """The mfd-hub version named in a bundled file's provenance header (None when absent)."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith(HEADER_PREFIX):
+        return None
+    return first[len(HEADER_PREFIX) :].split(",")[0].strip() or None
+
+
 def write_bundle(directory):
     """Write the bundle's files into a checkpoint folder; returns their names."""
     from pathlib import Path

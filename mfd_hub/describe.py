@@ -41,7 +41,7 @@ def describe_checkpoint(path):
     """A summary dict of a checkpoint folder (ours or z-lab's), without loading any weights."""
     from safetensors import safe_open
 
-    from .bundle import HEADER_PREFIX
+    from .bundle import bundle_version_of
     from .checkpoint import resolve_checkpoint_dir
 
     folder = resolve_checkpoint_dir(str(path))
@@ -53,12 +53,8 @@ def describe_checkpoint(path):
                 view = handle.get_slice(name)
                 params += math.prod(view.get_shape())
                 dtypes.add(view.get_dtype())
-    bundle_version = None
     config_py = folder / "configuration_mfd.py"
-    if config_py.exists():
-        first = config_py.read_text(encoding="utf-8").splitlines()[:1]
-        if first and first[0].startswith(HEADER_PREFIX):
-            bundle_version = first[0][len(HEADER_PREFIX) :].split(",")[0].strip()
+    bundle_version = bundle_version_of(config_py.read_text(encoding="utf-8")) if config_py.exists() else None
     return {
         "path": str(folder),
         "format": "mfd-hub" if fmt == "mfd" else "z-lab DFlash",

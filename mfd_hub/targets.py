@@ -105,3 +105,80 @@ def stop_ids_of(tokenizer, model):
         elif eos:
             ids.update(int(e) for e in eos)
     return sorted(ids)
+
+
+def _target_folder(spec):
+    """A target's local folder: the folder itself, or a Hub id's cached snapshot (downloaded when
+    online); None for the embedded SmolLM2 (a GGUF file, not a folder of safetensors)."""
+    from .checkpoint import resolve_checkpoint_dir
+
+    if is_smollm2(spec):
+        return None
+    if os.path.exists(spec) and not os.path.isdir(spec):
+        raise MfdHubError(f"{spec} is a file; pass a model folder, a Hub id or '{SMOLLM2}'")
+    return resolve_checkpoint_dir(str(spec))
+
+
+def target_config(spec):
+    """The target's language-model config as a dict (hidden_size, vocab_size, num_hidden_layers,
+    tie_word_embeddings, ...), read without loading any weights."""
+    from .checkpoint import read_config_dict
+
+    folder = _target_folder(spec)
+    if folder is None:
+        from transformers import AutoConfig
+
+        raw = AutoConfig.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).to_dict()
+    else:
+        raw = read_config_dict(folder)
+    # multimodal wrappers (e.g. Qwen3.5) nest the language model's fields under text_config
+    return raw.get("text_config") or raw
+
+
+def target_lm_head(spec):
+    """The target's LM-head weight [V, H] in float32. From a folder of safetensors only that one
+    tensor is read (the tied input embedding when the head has no weight of its own); other
+    targets (the GGUF SmolLM2) are loaded whole."""
+    from safetensors import safe_open
+
+    folder = _target_folder(spec)
+    files = sorted(folder.glob("*.safetensors")) if folder is not None else []
+    if not files:
+        model, _ = load_target(spec)
+        return model.get_output_embeddings().weight.detach().float()
+    config = target_config(spec)
+    shape = [config.get("vocab_size"), config.get("hidden_size")]
+    located = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if name.endswith(("lm_head.weight", "embed_tokens.weight")):
+                    if list(handle.get_slice(name).get_shape()) == shape:
+                        located[name] = file
+    heads = sorted((n for n in located if n.endswith("lm_head.weight")), key=len)
+    embeds = sorted((n for n in located if n.endswith("embed_tokens.weight")), key=len)
+    name = heads[0] if heads else embeds[0] if embeds and config.get("tie_word_embeddings", True) else None
+    if name is None:
+        raise MfdHubError(f"target {spec}: no LM-head weight of shape {shape} in its safetensors files")
+    with safe_open(str(located[name]), framework="pt") as handle:
+        return handle.get_tensor(name).float()
+
+
+def target_tokenizer_and_stops(spec):
+    """The target's tokenizer (None when it has none) and the token ids plain generation stops
+    at, read without loading the model."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    folder = _target_folder(spec)
+    source, kwargs = (smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}) if folder is None else (folder, {})
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError):
+        tokenizer = None
+    try:
+        generation = GenerationConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError):
+        generation = None
+    return tokenizer, stop_ids_of(tokenizer, SimpleNamespace(generation_config=generation))

@@ -75,7 +75,8 @@ def load_train_checkpoint(folder, dtype=torch.float32):
     model = DFlashDraftModel(config).to(torch.float32)
     state = model.state_dict()
     try:
-        dcp.load(state, checkpoint_id=str(folder / MODEL_DIR))
+        with _single_process_quiet():  # reading in one process is the point, not a mistake
+            dcp.load(state, checkpoint_id=str(folder / MODEL_DIR))
     except Exception as err:  # DCP raises CheckpointException wrapping per-rank errors
         raise MfdHubError(f"cannot read {folder / MODEL_DIR}: {' '.join(str(err).split())[:300]}") from None
     model.load_state_dict(state)

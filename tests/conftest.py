@@ -74,3 +74,26 @@ def run_cli(args, tmp_path, timeout=600, extra_env=None):
         [str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def tree_state(root):
+    """Every path under ``root`` (links not followed) with its bytes, mode and mtime: equal
+    states mean nothing was written, removed, touched or re-permissioned."""
+    import hashlib
+
+    state = {}
+    for path in sorted(Path(root).rglob("*")):
+        info = path.lstat()
+        digest = None
+        if path.is_file() and not path.is_symlink():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        link = os.readlink(path) if path.is_symlink() else None
+        state[str(path.relative_to(root))] = (digest, link, info.st_mode, info.st_mtime_ns)
+    return state
+
+
+def one_error_line(result):
+    """A failed CLI run printed exactly one 'error:' line, last, and no traceback."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return result.returncode != 0 and len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in result.stderr

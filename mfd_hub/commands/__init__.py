@@ -1,11 +1,13 @@
 """The CLI's commands, one module each; ``COMMANDS`` is what ``mfd-hub`` registers."""
 
 from .card import card
+from .convert import convert
 from .drafters import list_drafters
 from .generate import generate
 from .info import info
 from .push import push
 from .regen import regen
 from .train import train
+from .verify import verify
 
-COMMANDS = [card, generate, info, list_drafters, push, regen, train]
+COMMANDS = [card, convert, generate, info, list_drafters, push, regen, train, verify]
