@@ -5,27 +5,17 @@ usage error) becomes one ``error: ...`` line on stderr and a non-zero exit code;
 unexpected becomes one ``internal error`` line (``MFD_HUB_DEBUG=1`` shows the traceback).
 """
 
-import json
 import os
 import sys
 
 import click
 
 from . import __version__
+from .commands._common import emit_json, examples
 from .errors import MfdHubError
 
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
-
-
-def examples(*lines):
-    """An epilog of runnable examples for a command's --help (kept verbatim by click)."""
-    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def emit_json(payload):
-    """Machine-readable output: one JSON document on stdout."""
-    click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
 
 
 def one_line(text):

@@ -93,13 +93,13 @@ def response_token_counts(sequences, vocab_size):
 
 
 def draft_vocabulary(sequences, size, vocab_size):
-    """The ``size`` most frequent response tokens (ties: smaller id), as sorted target ids."""
+    """The ``size`` most frequent response tokens (ties: smaller id; only tokens that occur), as
+    sorted target ids (converters.draft_vocab.select_draft_vocab over the response counts)."""
+    from .converters.draft_vocab import select_draft_vocab
+
     if size > vocab_size:
         raise MfdHubError(f"draft_vocab_size {size} exceeds the target vocabulary of {vocab_size}")
-    counts = response_token_counts(sequences, vocab_size)
-    # stable sort on -count keeps smaller ids first among equal counts
-    order = torch.sort(-counts, stable=True).indices
-    return torch.sort(order[:size]).values
+    return select_draft_vocab(response_token_counts(sequences, vocab_size), size)
 
 
 # -- order and anchors ---------------------------------------------------------------------------

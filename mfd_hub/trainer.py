@@ -201,32 +201,27 @@ def _rebuilt(model, **changes):
 
 
 def add_modes(model, num_modes, default_path, std, seed):
-    """Give a drafter K mode embeddings ~ N(0, std^2) and a gate (and MFD-D's default path, zero,
-    i.e. the base drafter's behaviour); the choice is recorded in the config's metadata."""
-    new, _ = _rebuilt(model, num_modes=num_modes, default_path=default_path)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        new.mode_embed.copy_(torch.randn(new.mode_embed.shape, generator=gen) * std)
+    """Give a drafter K mode embeddings and a gate (converters.zlab.init_modes: seeded N(0, std^2),
+    the gate N(0, initializer_range^2)) unless it has them, and MFD-D's default path (zero, i.e. the
+    base drafter's behaviour) if asked; existing modes are kept. The choice is recorded in the
+    config's metadata."""
+    from .converters.zlab import init_modes
+
+    new, missing = _rebuilt(model, num_modes=num_modes, default_path=default_path)
+    init = {}
+    if "mode_embed" in missing:
         gate_std = new.config.initializer_range
-        new.mode_gate.weight.copy_(torch.randn(new.mode_gate.weight.shape, generator=gen) * gate_std)
-        if default_path:
+        mode_embed, gate = init_modes(num_modes, new.config.hidden_size, seed, std, gate_std)
+        with torch.no_grad():
+            new.mode_embed.copy_(mode_embed)
+            new.mode_gate.weight.copy_(gate)
+        init.update(mode_embed=f"normal(0, {std}^2)", mode_gate=f"normal(0, {gate_std}^2)", seed=seed)
+    if default_path and "default_embed" in missing:
+        with torch.no_grad():
             new.default_embed.zero_()
-    new.config.mfd_metadata = {
-        **new.config.mfd_metadata,
-        "mode_init": {"mode_embed": f"normal(0, {std}^2)", "mode_gate": f"normal(0, {new.config.initializer_range}^2)",
-                      "default_embed": "zeros" if default_path else None, "seed": seed},
-    }
-    return new
-
-
-def add_draft_vocabulary(model, target_ids, lm_head):
-    """Give a drafter its own head over ``target_ids`` (sorted), initialised from the target's rows."""
-    new, _ = _rebuilt(model, draft_vocab_size=len(target_ids))
-    with torch.no_grad():
-        new.lm_head.weight.copy_(lm_head[target_ids].float())
-        new.d2t.copy_(target_ids - torch.arange(len(target_ids)))
-        new.t2d.zero_()
-        new.t2d[target_ids] = True
+        init["default_embed"] = "zeros"
+    if init:
+        new.config.mfd_metadata = {**new.config.mfd_metadata, "mode_init": init}
     return new
 
 
@@ -277,8 +272,10 @@ def build_drafter(recipe, target_info, lm_head, sequences):
     if r.num_modes and (cfg.num_modes == 0 or (r.default_path and not cfg.default_path)):
         model = add_modes(model, r.num_modes, r.default_path, r.mode_init_std, recipe.train.seed)
     if r.draft_vocab_size and not model.config.draft_vocab_size:
+        from .converters.draft_vocab import reduce_vocabulary
+
         ids = draft_vocabulary(sequences, r.draft_vocab_size, model.config.vocab_size)
-        model = add_draft_vocabulary(model, ids, lm_head)
+        model = reduce_vocabulary(model, lm_head, ids).float()
     elif r.draft_vocab_size and model.config.draft_vocab_size != r.draft_vocab_size:
         raise MfdHubError(f"the base has a draft vocabulary of {model.config.draft_vocab_size}, "
                           f"the recipe asks for {r.draft_vocab_size}")

@@ -3,8 +3,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Two cores, two xdist workers: one thread each (also for subprocesses), or tiny models crawl.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from mfd_hub.testing import TARGET_FAMILIES, tiny_drafter, tiny_target
 

@@ -25,7 +25,7 @@ from mfd_hub.model_card import render_card
 from mfd_hub.registry import ENGINES, load_registry
 from mfd_hub.testing import save_tiny_target, tiny_registry_drafter, tiny_target
 
-SEEDS = Path(os.environ.get("MFD_HUB_SEEDS", "/work/shared/seeds"))
+SEEDS = Path(os.environ.get("MFD_HUB_SEEDS", Path(__file__).parent / "data" / "seeds"))
 # The names the recipes use too (coordination: registry and recipes describe the same models).
 TEN = ["MFD-Qwen3-4B", "MFD-Qwen3-8B", "MFD-Qwen3.5-4B", "MFD-Qwen3.6-27B", "MFD-Qwen3-4B-100K",
        "MFD-Qwen3-8B-100K", "MFD-Qwen3.5-4B-100K", "MFD-Qwen3.6-27B-100K", "MFD-D-Qwen3-4B", "MFD-D-Qwen3-8B"]

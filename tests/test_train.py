@@ -139,7 +139,8 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
     seqs = [Sequence("a", [9, 9, 5, 5, 5, 7], 2), Sequence("b", [1, 5, 7, 3], 1)]
     # response tokens: 5 x 4, 7 x 2, 3 x 1 (the prompts' 9s and 1 do not count)
     assert draft_vocabulary(seqs, 2, 10).tolist() == [5, 7]
-    assert draft_vocabulary(seqs, 4, 10).tolist() == [0, 3, 5, 7]  # then ties by the smaller id
+    assert draft_vocabulary(seqs, 3, 10).tolist() == [3, 5, 7]
+    assert draft_vocabulary(seqs, 4, 10).tolist() == [3, 5, 7]  # only tokens that occur
 
 
 # -- a tiny workspace: target, z-lab base, regenerated data ----------------------------------------

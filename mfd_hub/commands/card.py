@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import examples
+from ._common import examples
 from ..errors import UsageError
 
 

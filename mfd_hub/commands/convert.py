@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import emit_json, examples
+from ._common import emit_json, examples
 from ..errors import UsageError
 
 DTYPE_CHOICE = click.Choice(["bfloat16", "float16", "float32"])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import emit_json, examples
+from ._common import emit_json, examples
 from ..describe import describe_checkpoint
 
 

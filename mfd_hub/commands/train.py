@@ -2,7 +2,7 @@
 
 import click
 
-from ..cli import emit_json, examples
+from ._common import emit_json, examples
 
 
 @click.command(
