@@ -78,7 +78,7 @@ def kernel_specs(budget, modes, positions, vocab, head_dim, block):
               bvis_ptr="*u8", out_ptr="*bf16", n_heads=i32, n_blocks=i32, rep=i32, n_ctx=i32, n_modes=i32,
               seq=i32, head_dim=i32, scale=f32,
               **{f"s{g}{i}": i32 for g, count in (("q", 6), ("c", 4), ("b", 6), ("v", 4)) for i in range(count)}),
-         dict(HAS_CVIS=True, HAS_BVIS=False, IEEE=False, Q_PAD=next_power_of_2(modes * block),
+         dict(HAS_CVIS=True, HAS_BVIS=False, PRECISION="tf32", Q_PAD=next_power_of_2(modes * block),
               D_PAD=head_dim, BLOCK_C=64)),
     ]
 

@@ -185,21 +185,23 @@ def build_mixture_tree(top_scores, top_ids, budget, anchor, max_depth=None):
         return _preorder_tree([-1], [anchor], [0], [0], [-1], [[]], top_scores.device)
     # Python-side reads of single entries: a numpy view costs nothing, .tolist() would convert
     # all M*L*C values. Entry (mode k, position d, rank j) sits at ((k * length + d) * width + j).
-    score_at = top_scores[:, :length, :width].detach().cpu().contiguous().numpy().reshape(-1).item
+    # Scores are read as floats: sums of 15 quantised scores stay below 2^47 in magnitude, so
+    # float64 holds them and their sums exactly, and Python adds and compares floats faster.
+    score_at = top_scores[:, :length, :width].detach().cpu().double().contiguous().numpy().reshape(-1).item
     token_at = top_ids[:, :length, :width].detach().cpu().contiguous().numpy().reshape(-1).item
-    # heap entries: (-score, depth, tokens, row = k * length + depth - 1, rank j, parent score);
-    # tuple order is the total order, with the mode (row) breaking exact ties of one prefix.
-    heap = [(-score_at(k * length * width), 1, (token_at(k * length * width),), k * length, 0, 0) for k in range(m)]
+    # heap entries: (-score, depth, tokens, row = k * length + depth - 1, rank j, parent's score,
+    # parent's rank); tuple order is the total order, the mode (row) breaking exact ties of one prefix.
+    heap = [(-score_at(k * length * width), 1, (token_at(k * length * width),), k * length, 0, 0, 0) for k in range(m)]
     heapq.heapify(heap)
-    seen = {(): 0}  # prefix -> its rank among the kept prefixes, 1-based (the root is 0)
+    seen = {}  # prefix -> its rank among the kept prefixes, 1-based (the root is 0)
     # the kept prefixes in rank order (index 0: the root)
     parent, token, depth, score, mode, children = [-1], [anchor], [0], [0], [-1], [[]]
     pop, push = heapq.heappop, heapq.heappush
     while heap and len(token) <= budget:
-        neg, d, toks, row, j, parent_score = pop(heap)
-        if toks not in seen:  # the first pop of a prefix carries its best score and mode
-            r, p = len(token), seen[toks[:-1]]
-            seen[toks] = r
+        neg, d, toks, row, j, parent_score, p = pop(heap)
+        r = seen.get(toks)
+        if r is None:  # the first pop of a prefix carries its best score and mode
+            r = seen[toks] = len(token)
             parent.append(p)
             token.append(toks[-1])
             depth.append(d)
@@ -209,30 +211,33 @@ def build_mixture_tree(top_scores, top_ids, budget, anchor, max_depth=None):
             children[p].append(r)  # in rank order: best child first
         if j + 1 < width:  # next sibling in this mode
             at = row * width + j + 1
-            push(heap, (-(parent_score + score_at(at)), d, toks[:-1] + (token_at(at),), row, j + 1, parent_score))
+            push(heap, (-(parent_score + score_at(at)), d, toks[:-1] + (token_at(at),), row, j + 1, parent_score, p))
         if d < length:  # first child in this mode
             at = (row + 1) * width
-            push(heap, (neg - score_at(at), d + 1, toks + (token_at(at),), row + 1, 0, -neg))
+            push(heap, (neg - score_at(at), d + 1, toks + (token_at(at),), row + 1, 0, -neg, r))
     return _preorder_tree(parent, token, depth, score, mode, children, top_scores.device)
 
 
 def _preorder_tree(parent, token, depth, score, mode, children, device):
     """Nodes in rank order (root first) -> DraftTree in DFS preorder, children best first."""
-    preorder, stack = [], [0]
-    while stack:
+    position = [0] * len(token) + [-1]  # position[-1]: the root's parent
+    tokens, parents, depths, scores, modes = [], [], [], [], []
+    stack = [0]
+    while stack:  # a parent is visited before its children: its position is known
         r = stack.pop()
-        preorder.append(r)
+        position[r] = len(tokens)
+        tokens.append(token[r])
+        parents.append(position[parent[r]])
+        depths.append(depth[r])
+        scores.append(score[r])
+        modes.append(mode[r])
         stack.extend(reversed(children[r]))
-    position = [0] * len(preorder)
-    for i, r in enumerate(preorder):
-        position[r] = i
-    flat = array("q", [token[r] for r in preorder])
-    flat.extend([-1] + [position[parent[r]] for r in preorder[1:]])
-    flat.extend([depth[r] for r in preorder])
-    flat.extend([score[r] for r in preorder])
-    flat.extend([mode[r] for r in preorder])
-    fields = torch.frombuffer(flat, dtype=torch.int64).view(5, len(preorder)).to(device)
-    return DraftTree(*fields)
+    flat = array("q", tokens)
+    for field in (parents, depths, modes):
+        flat.extend(field)
+    tokens, parents, depths, modes = torch.frombuffer(flat, dtype=torch.int64).view(4, -1).to(device)
+    scores = torch.frombuffer(array("d", scores), dtype=torch.float64).to(device=device, dtype=torch.int64)
+    return DraftTree(tokens, parents, depths, scores, modes)
 
 
 def draft_tree(top_scores, top_ids, budget, anchor, vocab_size):

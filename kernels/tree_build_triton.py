@@ -12,9 +12,10 @@ vocabulary chunk) keeps its chunk's best keys; one program per row merges the ch
 Tree (``build_mixture_tree_triton``):
 1. One program per mode runs the beam of width B over the depths. Cell (i, j) extends beam entry
    i with candidate j; only cells with (i+1)(j+1) <= B can rank in the top B (both lists are
-   sorted), so the kernel sorts those (645 for B=128) by ``score << 16 | lex``, where ``lex``
-   (the parent's lexicographic rank in the beam, the candidate's id rank) orders equal scores
-   lexicographically. It then keeps the mode's own top B over all depths (its product tree).
+   sorted), so the kernel sorts those (645 for B=128) by ``score << 16 | parent lex << 8 | j``:
+   equal scores go by the parent's lexicographic rank in the beam, then by j (candidates are
+   sorted by score, then id, so equal scores under one parent are in id order). It then keeps
+   the mode's own top B over all depths (its product tree).
 2. One program merges the modes: the M*B prefixes (token paths packed 3 x 20 bits per word) are
    sorted by (path, score, mode), the first of each path keeps its best score and mode, the
    global top B is taken by ``score << 16 | depth << 12 | lexicographic rank``, and the layout
@@ -22,7 +23,7 @@ Tree (``build_mixture_tree_triton``):
    gives ancestors and subtree sizes; a node's DFS-preorder position (children best first) is
    its depth plus the sizes of the better siblings of all its ancestors-or-self.
 Limits (else ``tree_build.draft_tree`` uses the reference): B <= 256, at most 15 positions,
-M * B <= 4096, vocabulary < 2^19.
+M <= 256, M * B <= 4096, vocabulary < 2^19.
 
 This file is part of the remote-code bundle: torch only (triton through ``backend``).
 """
@@ -51,6 +52,7 @@ def tree_kernel_supports(num_modes, length, budget, vocab_size):
     b_pad = next_power_of_2(min(budget, MAX_BUDGET))
     return (
         budget <= MAX_BUDGET
+        and num_modes <= 256  # the mode index breaks ties in 8 bits
         and length <= MAX_DEPTH
         and next_power_of_2(num_modes) * b_pad <= MAX_ENTRIES
         and candidates_kernel_supports(vocab_size)
@@ -156,6 +158,7 @@ if triton is not None:
         beam_lex = tl.zeros([B_PAD], dtype=tl.int64)
         beam_words = tl.zeros([B_PAD, NW], dtype=tl.int64)
         tl.store(slot_tmp + k * (L_PAD + 1) * B_PAD + slot, slot, mask=slot == 0)
+        tl.debug_barrier()
         for d in range(0, length):
             row = (k * length + d) * width
             c_s = -tl.load(scores_ptr + row + cslot, mask=cslot < width, other=0)
@@ -268,6 +271,7 @@ if triton is not None:
         depth = tl.load(ent_depth + idx, mask=first, other=0)
         gkey = tl.where(first, ((key2 >> 8) << 16) | (depth << 12) | lex, _KEY_MAX)
         tl.store(tmp + E_PAD + lex, e, mask=first)
+        tl.debug_barrier()
         sel = _sorted_prefix(gkey, tmp + 2 * E_PAD, B_PAD, LOG_E)
         slot = tl.arange(0, B_PAD)
         ok = slot < n_nodes

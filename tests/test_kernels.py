@@ -18,7 +18,8 @@ from mfd_hub.kernels.tree_attention import (
     verify_attention_bias_reference,
 )
 from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates, draft_tree, log_normaliser, top_candidates
-from mfd_hub.testing import greedy_decode, tiny_drafter, tiny_target
+from mfd_hub.testing import tiny_drafter, tiny_target
+from test_generation import greedy_reference
 
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "modes")
 
@@ -215,6 +216,16 @@ def test_mode_attention_equals_reference(forced_triton, b, hq, hkv, n, m, s, d, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_mode_attention_in_bfloat16(forced_triton):
+    g = torch.Generator().manual_seed(0)
+    q, k_blk, v_blk = (torch.randn(1, 4, 2, 3, 4, 16, generator=g).bfloat16().to(forced_triton) for _ in range(3))
+    k_ctx, v_ctx = (torch.randn(1, 2, 9, 16, generator=g).bfloat16().to(forced_triton) for _ in range(2))
+    want = mode_attention_reference(q, k_ctx, v_ctx, k_blk[:, :2], v_blk[:, :2])
+    got = mode_attention(q, k_ctx, v_ctx, k_blk[:, :2], v_blk[:, :2])
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 # ---- generation through the kernels -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair():
@@ -226,7 +237,7 @@ def pair():
 def test_generation_through_kernels_is_lossless(forced_triton, pair, method, budget, mode):
     target, drafter = pair
     ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
-    want = greedy_decode(target, ids, 12)
+    want = greedy_reference(target, ids, 12)
     out = drafter.spec_generate(target, ids, max_new_tokens=12, method=method, tree_budget=budget, mode=mode)
     assert out.new_tokens == want
     assert sum(out.acceptance_lengths) + 1 == len(want)
@@ -234,6 +245,19 @@ def test_generation_through_kernels_is_lossless(forced_triton, pair, method, bud
         assert out.tau > 1.3  # rounds accepted several tokens: the walk and the compaction ran
     if mode == "gate":
         assert len(out.modes_used) == out.rounds and all(0 <= k < 4 for k in out.modes_used)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_cuda_gpu(tmp_path):
+    """The interpreter accepts programs the compiler refuses: compile every kernel for sm_90
+    (front end, LLVM, ptxas; no GPU needed) at small generation shapes."""
+    from conftest import REPO, run_python
+
+    script = REPO / "benchmarks" / "compile_kernels.py"
+    code = f"import runpy, sys; sys.argv = ['x', '--budget', '16', '--modes', '4']; runpy.run_path({str(script)!r}, run_name='__main__')"
+    result = run_python(code, tmp_path, timeout=1800, extra_env={"TRITON_INTERPRET": "0"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok ") == 9 and "FAIL" not in result.stdout
 
 
 class HostSyncCounter(TorchDispatchMode):

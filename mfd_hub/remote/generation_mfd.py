@@ -7,6 +7,12 @@ target's own next tokens (argmax at T=0, independent samples from plain decoding
 at T>0) and adds the target's token at its end. Every emitted token is the target's, so the
 output equals plain decoding: token for token at T=0, in distribution at T>0.
 
+Kernels (``kernels/``, Triton on CUDA, the torch references elsewhere; ``MFD_HUB_KERNELS``
+forces either) keep a round on the device: every size is known on the host from the shapes, and
+the round reads the device once, a small summary (accepted length, bonus token, the path's
+tokens) that decides what to emit and what to commit. Stage times do not synchronise unless
+``sync_timing=True``.
+
 This file is part of the remote-code bundle: torch and transformers only.
 """
 
