@@ -199,9 +199,8 @@ def build_mixture_tree(top_scores, top_ids, budget, anchor, max_depth=None):
     pop, push = heapq.heappop, heapq.heappush
     while heap and len(token) <= budget:
         neg, d, toks, row, j, parent_score, p = pop(heap)
-        r = seen.get(toks)
-        if r is None:  # the first pop of a prefix carries its best score and mode
-            r = seen[toks] = len(token)
+        r = seen.setdefault(toks, len(token))
+        if r == len(token):  # the first pop of a prefix carries its best score and mode
             parent.append(p)
             token.append(toks[-1])
             depth.append(d)

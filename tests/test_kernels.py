@@ -126,7 +126,7 @@ def assert_same_tree(got, want):
     "budget,m,length,vocab,shared",
     [
         (128, 2, 3, 6, False),  # 312 beam cells: the bitonic network
-        (64, 8, 2, 40, True),  # eight modes proposing the same distributions
+        (32, 8, 2, 40, True),  # eight modes proposing the same distributions
         (1, 3, 4, 5, False),
         (5, 1, 6, 1, False),  # a one-token vocabulary: the tree is one chain
     ],
