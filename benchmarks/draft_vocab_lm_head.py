@@ -12,31 +12,13 @@ prints side-by-side ratios. Random weights: only shapes matter for time.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from mfd_hub import DFlashConfig, DFlashDraftModel, DraftContextCache
+from mfd_hub.bench import round_robin_ms
 from mfd_hub.converters import reduce_vocabulary
 from mfd_hub.kernels.tree_build import top_candidates
-
-
-def timed(fns, repeats, device):
-    """Median wall time in ms of each of ``fns``, measured round-robin (one call of each per
-    round, after two warm-up rounds) so that drifting machine load hits every one alike."""
-    times = [[] for _ in fns]
-    for round_ in range(repeats + 2):
-        for fn, samples in zip(fns, times):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if round_ >= 2:
-                samples.append((time.perf_counter() - start) * 1000)
-    return [statistics.median(samples) for samples in times]
 
 
 def main():
@@ -93,7 +75,7 @@ def main():
         for _, _, model, lm_head in models:
             fns.append(lambda model=model, lm_head=lm_head: model.compute_logits(hidden, lm_head))
             fns.append(lambda model=model, lm_head=lm_head: head_stage(model, lm_head))
-        layer_ms, *head_ms = timed(fns, args.repeats, device)
+        layer_ms, *head_ms = round_robin_ms(fns, args.repeats, device)
         rows = [(name, size, head_ms[2 * i], head_ms[2 * i + 1]) for i, (name, size, _, _) in enumerate(models)]
 
     full_logits, full_stage = rows[0][2], rows[0][3]

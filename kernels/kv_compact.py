@@ -9,8 +9,10 @@ This file is part of the remote-code bundle: torch only.
 
 import torch
 
+from .backend import use_triton
 
-def compact_kv(tensors, prefix_len, path):
+
+def compact_kv_reference(tensors, prefix_len, path):
     """tensors: [..., T, D] caches holding prefix_len committed positions then the tree block;
     path: accepted node indices into the block -> the tensors cut to prefix + path."""
     n = path.shape[0]
@@ -19,3 +21,15 @@ def compact_kv(tensors, prefix_len, path):
         return [t[..., : prefix_len + n, :] for t in tensors]
     keep = torch.cat([torch.arange(prefix_len, device=path.device), prefix_len + path])
     return [t.index_select(-2, keep) for t in tensors]
+
+
+def compact_kv(tensors, prefix_len, path):
+    """``compact_kv_reference`` on the best backend. The Triton kernel moves the rows of every
+    tensor in place in one launch (nothing moves when the path is the spine, decided on the
+    device: no host synchronisation) and returns views; use the returned tensors."""
+    if use_triton(path):
+        from .kv_compact_triton import compact_kv_triton, kv_kernel_supports
+
+        if kv_kernel_supports(tensors):
+            return compact_kv_triton(tensors, prefix_len, path)
+    return compact_kv_reference(tensors, prefix_len, path)

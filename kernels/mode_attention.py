@@ -17,6 +17,8 @@ This file is part of the remote-code bundle: torch only.
 
 import torch
 
+from .backend import use_triton
+
 
 def mode_attention_reference(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible=None, blk_visible=None, scale=None):
     """The torch reference (and the CPU path). Computes in float32."""
@@ -45,4 +47,8 @@ def mode_attention_reference(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible=None, bl
 
 def mode_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible=None, blk_visible=None, scale=None):
     """Mode attention on the best available backend (the dispatch point the drafter calls)."""
+    if use_triton(q):
+        from .mode_attention_triton import mode_attention_triton
+
+        return mode_attention_triton(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, blk_visible, scale)
     return mode_attention_reference(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, blk_visible, scale)

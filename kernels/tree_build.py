@@ -2,18 +2,25 @@
 
 Scores. A prefix y_1..y_d drafted by mode k scores sum_d log p_{k,d}(y_d); the mixture scores a
 prefix by its best mode. Log-probabilities are quantised to integers (``quantize_logprobs``:
-fixed point, 2^-32 nats) so that sums are exact: the ordering is then a true total order,
-ties are reproducible, and the beam argument below holds bit for bit.
+fixed point, 2^-32 nats, floored at -1024 nats) so that sums are exact: the ordering is then a
+true total order, ties are reproducible, and every bound below holds bit for bit. The floor keeps
+a score of 15 positions inside 47 bits, which the Triton kernels pack into one int64 sort key
+(a log-probability below -1024 nats is exactly zero probability in any float format).
 
 Order. Prefix a ranks before b when its score is higher; then when it is shallower; then when
-its token sequence is lexicographically smaller (token ids). Scores only fall along a path, so
-the top-B set is prefix-closed.
+its token sequence is lexicographically smaller (token ids); a prefix's best mode is the smallest
+mode index reaching its score. Scores only fall along a path, so the top-B set is prefix-closed.
 
-Exactness. For one mode, the depth-d members of the top-B extend depth-(d-1) members with one of
-the top-B tokens of position d, so a beam of width B per depth over (beam x top-B tokens) is
-exact; since both lists are sorted, only cells with (i+1)(j+1) <= B can enter. For the mixture,
-a prefix in the global top-B is in the top-B of its best mode: run the per-mode beams, take their
-union (a prefix found by several modes keeps its best score) and keep the global top-B.
+Exactness. Each position's candidate list is sorted (score desc, id asc), so within one mode a
+prefix's next sibling (its last token's next candidate) and its first child both rank after it:
+a best-first search that pops the best frontier entry and pushes those two enumerates the mode's
+prefixes exactly in order (the product tree, DDTree). A prefix in the mixture's top-B is in the
+top-B of its best mode, so merging the K per-mode searches into one heap and keeping the first
+occurrence of each prefix yields the mixture's top-B with the best score and mode of each
+(``build_mixture_tree``, the reference and the CPU path). The Triton kernels run per-mode beams
+of width B over the depths instead (a depth-d member of the top-B extends a depth-(d-1) member;
+as both lists are sorted only cells with (i+1)(j+1) <= B can enter), then the union and the
+global top-B; both equal a brute-force enumeration.
 
 Layout. Node 0 is the root (the anchor token, depth 0). The B nodes follow in DFS preorder with
 the best child first, so parents precede children and the main spine is 0, 1, 2, ...
@@ -21,12 +28,17 @@ the best child first, so parents precede children and the main spine is 0, 1, 2,
 This file is part of the remote-code bundle: torch only.
 """
 
+import heapq
+from array import array
 from dataclasses import dataclass
 
 import torch
 
+from .backend import use_triton
+
 SCORE_SCALE = float(2**32)
-NEG_SCORE = -(2**58)  # the score of a -inf log-probability; 15 of them still fit in int64
+LOGPROB_FLOOR = -1024.0  # nats; quantised scores of one position lie in [-2^42, 0]
+NEG_SCORE = -(2**43)  # the score of a -inf log-probability: below every finite one
 
 
 @dataclass
@@ -58,31 +70,37 @@ def quantize_logprobs(logprobs):
     if logprobs.dtype == torch.int64:
         return logprobs
     lp = logprobs.float()
-    q = torch.round(lp.clamp(min=-1e6) * SCORE_SCALE).to(torch.int64)
+    q = torch.round(lp.clamp(min=LOGPROB_FLOOR) * SCORE_SCALE).to(torch.int64)
     return torch.where(torch.isfinite(lp), q, torch.full_like(q, NEG_SCORE))
 
 
-def top_candidates(logprobs, k):
+def top_candidates(logits, k, lse=None):
     """The k best tokens of each position in quantised score, best first, ties to the smaller id.
 
-    logprobs [..., V] (float log-probabilities or quantised int64) -> (int64 scores, ids), each
-    [..., min(k, V)]. Only the float top-(k+1) is quantised unless a quantised tie straddles the
-    cut (quantisation is monotone, so the float top-(k+1) then holds the exact top-k).
+    logits [..., V]: log-probabilities (float or quantised int64), or raw logits with their
+    log-normaliser ``lse`` [...] (then the log-probability is ``logit - lse`` in float32, and
+    no vocabulary-wide log_softmax is needed). -> (int64 scores, ids), each [..., min(k, V)].
+    Only the float top-(k+1) is quantised unless a quantised tie straddles the cut (the score is
+    monotone in the logit, so the float top-(k+1) then holds the exact top-k).
     """
-    v = logprobs.shape[-1]
+    v = logits.shape[-1]
     k = min(k, v)
+
+    def scores_of(values):
+        return quantize_logprobs(values if lse is None else values.float() - lse[..., None])
+
     if k < v:
-        vals, ids = logprobs.topk(k + 1, dim=-1, sorted=True)
-        vals = quantize_logprobs(vals)
+        vals, ids = _top_values(logits, k + 1)
+        vals = scores_of(vals)
         if bool((vals[..., k - 1] == vals[..., k]).any()):
             # a tie straddles the cut: only a full stable sort knows which ids win
-            full = quantize_logprobs(logprobs)
+            full = scores_of(logits)
             ids = torch.sort(full, dim=-1, descending=True, stable=True).indices[..., :k]
             return full.gather(-1, ids), ids
         vals, ids = vals[..., :k], ids[..., :k]
     else:
-        ids = torch.arange(v, device=logprobs.device).expand(logprobs.shape)
-        vals = quantize_logprobs(logprobs)
+        ids = torch.arange(v, device=logits.device).expand(logits.shape)
+        vals = scores_of(logits)
     # order ties inside the kept set by id: sort by id, then stably by score
     by_id = torch.sort(ids, dim=-1, stable=True)
     vals, ids = vals.gather(-1, by_id.indices), by_id.values
@@ -90,14 +108,51 @@ def top_candidates(logprobs, k):
     return by_val.values, ids.gather(-1, by_val.indices)
 
 
-def _order(*keys):
-    """Indices sorting by several keys (the first most significant), each ascending, stable."""
-    order = None
-    for key in reversed(keys):
-        key = key if order is None else key[order]
-        step = torch.sort(key, stable=True).indices
-        order = step if order is None else order[step]
-    return order
+def _top_values(x, k, block=128):
+    """The k largest values of each row of x [..., V], sorted, with their ids; like ``topk`` but
+    faster on CPU for a large V: only the k blocks with the largest maxima can hold them (any
+    other block's values are below k block maxima), so ``topk`` runs over k * block values.
+    With ties the ids may differ from ``topk``'s, the values never do."""
+    v = x.shape[-1]
+    if v % block or v < 2 * k * block or x.device.type != "cpu":
+        return x.topk(k, dim=-1, sorted=True)
+    blocks = x.reshape(-1, v // block, block)
+    rows = blocks.shape[0]
+    chosen = blocks.amax(dim=-1).topk(k, dim=-1, sorted=False).indices
+    candidates = blocks.gather(1, chosen[..., None].expand(rows, k, block)).reshape(rows, k * block)
+    vals, at = candidates.topk(k, dim=-1, sorted=True)
+    ids = chosen.gather(1, at // block) * block + at % block
+    return vals.reshape(*x.shape[:-1], k), ids.reshape(*x.shape[:-1], k)
+
+
+def log_normaliser(logits):
+    """log sum exp of each row of logits [..., V] in float32. On CPU through the fused softmax
+    (max - log(max softmax)), several times faster there than ``torch.logsumexp``."""
+    x = logits.float()
+    if x.device.type != "cpu":
+        return torch.logsumexp(x, dim=-1)
+    rows = x.reshape(-1, x.shape[-1])
+    # a few rows at a time: a softmax output as large as K x 15 rows would cost page faults
+    parts = [r.amax(dim=-1) - torch.softmax(r, dim=-1).amax(dim=-1).log() for r in rows.split(16)]
+    return torch.cat(parts).reshape(x.shape[:-1])
+
+
+def draft_candidates(logits, k):
+    """Each position's k best draft tokens from raw logits [..., V] -> (int64 scores, ids).
+
+    Normalises with ``log_normaliser`` (the same for both backends, so they agree bit for bit),
+    then selects with the Triton kernels on CUDA (vocabularies below 2^19) or ``top_candidates``
+    (a few rows at a time: each row block stays in the CPU's cache across the passes over it).
+    """
+    if use_triton(logits):
+        from .tree_build_triton import candidates_kernel_supports, top_candidates_triton
+
+        if candidates_kernel_supports(logits.shape[-1]):
+            return top_candidates_triton(logits, log_normaliser(logits), k)
+    rows = logits.reshape(-1, logits.shape[-1])
+    parts = [top_candidates(block, k, log_normaliser(block)) for block in rows.split(8)]
+    scores, ids = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return scores.reshape(*logits.shape[:-1], -1), ids.reshape(*logits.shape[:-1], -1)
 
 
 def build_chain(top_ids, anchor, length=None, mode=0):
@@ -115,7 +170,7 @@ def build_chain(top_ids, anchor, length=None, mode=0):
     )
 
 
-def build_mixture_tree(top_scores, top_ids, budget, anchor, vocab_size, max_depth=None):
+def build_mixture_tree(top_scores, top_ids, budget, anchor, max_depth=None):
     """The exact top-``budget`` prefixes over all modes, each scored by its best mode.
 
     top_scores [M, L, C] int64 (quantised, from ``top_candidates``), top_ids [M, L, C]: each
@@ -123,98 +178,78 @@ def build_mixture_tree(top_scores, top_ids, budget, anchor, vocab_size, max_dept
     product tree (DDTree). Returns a DraftTree in DFS preorder, best child first.
     """
     m, length, c = top_scores.shape
-    device = top_scores.device
     if max_depth is not None:
         length = min(length, max_depth)
     width = min(budget, c)
-    cells_i = torch.arange(budget, device=device)[:, None]
-    cells_j = torch.arange(width, device=device)[None, :]
-    useful = (cells_i + 1) * (cells_j + 1) <= budget  # [budget, width]
-
-    levels = []  # per depth: (uids [U], parent_uids [U], tokens [U], mix score [U], best mode [U])
-    beam_score = torch.zeros(m, 1, dtype=torch.int64, device=device)
-    beam_uid = torch.zeros(m, 1, dtype=torch.int64, device=device)  # the root
-    for d in range(length):
-        w_prev = beam_score.shape[1]
-        score = beam_score[:, :, None] + top_scores[:, d, None, :width]  # [M, Wp, W]
-        key = beam_uid[:, :, None] * vocab_size + top_ids[:, d, None, :width]
-        valid = useful[:w_prev].expand(m, w_prev, width).reshape(m, -1)
-        score, key = score.reshape(m, -1), key.reshape(m, -1)
-        n_keep = min(budget, int(useful[:w_prev].sum()))
-        # per mode: valid cells first, then score descending, then key (lexicographic) ascending
-        cells = score.shape[1]
-        mode_of_cell = torch.arange(m, device=device)[:, None].expand(m, cells)
-        flat = _order(mode_of_cell.reshape(-1), (~valid).reshape(-1), -score.reshape(-1), key.reshape(-1))
-        rank = (flat.reshape(m, cells) - mode_of_cell * cells)[:, :n_keep]
-        beam_score, beam_key = score.gather(1, rank), key.gather(1, rank)
-        # union over modes; uids are assigned in key order, i.e. lexicographic order at this depth
-        uniq, inverse = torch.unique(beam_key.reshape(-1), sorted=True, return_inverse=True)
-        mix = torch.full((uniq.shape[0],), torch.iinfo(torch.int64).min, dtype=torch.int64, device=device)
-        mix = mix.scatter_reduce(0, inverse, beam_score.reshape(-1), reduce="amax")
-        mode_of = torch.arange(m, device=device)[:, None].expand(m, n_keep).reshape(-1)
-        is_best = beam_score.reshape(-1) == mix[inverse]
-        best_mode = torch.full_like(mix, m).scatter_reduce(
-            0, inverse, torch.where(is_best, mode_of, torch.full_like(mode_of, m)), reduce="amin"
-        )
-        levels.append((uniq // vocab_size, uniq % vocab_size, mix, best_mode))
-        beam_uid = inverse.reshape(m, n_keep)
-
-    # global top-B over all depths: score descending, then depth, then lexicographic (uid)
-    depth_of = torch.cat([torch.full_like(lv[2], d + 1) for d, lv in enumerate(levels)])
-    uid_of = torch.cat([torch.arange(lv[2].shape[0], device=device) for lv in levels])
-    parent_uid = torch.cat([lv[0] for lv in levels])
-    token_of = torch.cat([lv[1] for lv in levels])
-    score_of = torch.cat([lv[2] for lv in levels])
-    mode_best = torch.cat([lv[3] for lv in levels])
-    chosen = _order(-score_of, depth_of, uid_of)[:budget]
-    return _preorder_layout(
-        depth_of[chosen], uid_of[chosen], parent_uid[chosen], token_of[chosen], score_of[chosen],
-        mode_best[chosen], anchor,
-    )
+    if length == 0 or width == 0:
+        return _preorder_tree([-1], [anchor], [0], [0], [-1], [[]], top_scores.device)
+    # Python-side reads of single entries: a numpy view costs nothing, .tolist() would convert
+    # all M*L*C values. Entry (mode k, position d, rank j) sits at ((k * length + d) * width + j).
+    # Scores are read as floats: sums of 15 quantised scores stay below 2^47 in magnitude, so
+    # float64 holds them and their sums exactly, and Python adds and compares floats faster.
+    score_at = top_scores[:, :length, :width].detach().cpu().double().contiguous().numpy().reshape(-1).item
+    token_at = top_ids[:, :length, :width].detach().cpu().contiguous().numpy().reshape(-1).item
+    # heap entries: (-score, depth, tokens, row = k * length + depth - 1, rank j, parent's score,
+    # parent's rank); tuple order is the total order, the mode (row) breaking exact ties of one prefix.
+    heap = [(-score_at(k * length * width), 1, (token_at(k * length * width),), k * length, 0, 0, 0) for k in range(m)]
+    heapq.heapify(heap)
+    seen = {}  # prefix -> its rank among the kept prefixes, 1-based (the root is 0)
+    # the kept prefixes in rank order (index 0: the root)
+    parent, token, depth, score, mode, children = [-1], [anchor], [0], [0], [-1], [[]]
+    pop, push = heapq.heappop, heapq.heappush
+    while heap and len(token) <= budget:
+        neg, d, toks, row, j, parent_score, p = pop(heap)
+        r = seen.setdefault(toks, len(token))
+        if r == len(token):  # the first pop of a prefix carries its best score and mode
+            parent.append(p)
+            token.append(toks[-1])
+            depth.append(d)
+            score.append(-neg)
+            mode.append(row // length)
+            children.append([])
+            children[p].append(r)  # in rank order: best child first
+        if j + 1 < width:  # next sibling in this mode
+            at = row * width + j + 1
+            push(heap, (-(parent_score + score_at(at)), d, toks[:-1] + (token_at(at),), row, j + 1, parent_score, p))
+        if d < length:  # first child in this mode
+            at = (row + 1) * width
+            push(heap, (neg - score_at(at), d + 1, toks + (token_at(at),), row + 1, 0, -neg, r))
+    return _preorder_tree(parent, token, depth, score, mode, children, top_scores.device)
 
 
-def _preorder_layout(depth, uid, parent_uid, token, score, mode, anchor):
-    """Selected prefixes (in rank order: best first) -> DraftTree in DFS preorder."""
-    n = depth.shape[0]
-    device = depth.device
-    max_depth = int(depth.max()) if n else 0
-    # parent rank: the selected node at depth-1 whose uid is parent_uid (-1 for the root)
-    parent_rank = torch.full((n,), -1, dtype=torch.int64, device=device)
-    for d in range(2, max_depth + 1):
-        at_d, above = depth == d, (depth == d - 1).nonzero().flatten()
-        lookup = torch.full((int(uid[above].max()) + 1,), -1, dtype=torch.int64, device=device)
-        lookup[uid[above]] = above
-        parent_rank[at_d] = lookup[parent_uid[at_d]]
-    # subtree sizes, bottom up
-    size = torch.ones(n + 1, dtype=torch.int64, device=device)  # slot n is the root
-    parent_slot = torch.where(parent_rank < 0, n, parent_rank)
-    for d in range(max_depth, 0, -1):
-        at_d = (depth == d).nonzero().flatten()
-        size.index_add_(0, parent_slot[at_d], size[at_d])
-    # siblings in rank order (= best first); each child's offset = sizes of the siblings before it
-    order = _order(parent_slot, torch.arange(n, device=device))
-    sizes_sorted = size[order]
-    cum = torch.cumsum(sizes_sorted, 0) - sizes_sorted
-    group_start = torch.zeros(n + 1, dtype=torch.int64, device=device)
-    firsts = torch.ones(n, dtype=torch.bool, device=device)
-    firsts[1:] = parent_slot[order][1:] != parent_slot[order][:-1]
-    group_start.scatter_(0, parent_slot[order][firsts], cum[firsts])
-    before = torch.empty(n, dtype=torch.int64, device=device)
-    before[order] = cum - group_start[parent_slot[order]]
-    # preorder positions, top down
-    pos = torch.zeros(n + 1, dtype=torch.int64, device=device)  # root at 0
-    for d in range(1, max_depth + 1):
-        at_d = (depth == d).nonzero().flatten()
-        pos[at_d] = pos[parent_slot[at_d]] + 1 + before[at_d]
-    node = pos[:n]
-    tokens = torch.empty(n + 1, dtype=torch.int64, device=device)
-    tokens[0], tokens[node] = anchor, token
-    parents = torch.empty_like(tokens)
-    parents[0], parents[node] = -1, pos[parent_slot]
-    depths = torch.zeros_like(tokens)
-    depths[node] = depth
-    scores = torch.zeros_like(tokens)
-    scores[node] = score
-    modes = torch.full_like(tokens, -1)
-    modes[node] = mode
-    return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores, modes=modes)
+def _preorder_tree(parent, token, depth, score, mode, children, device):
+    """Nodes in rank order (root first) -> DraftTree in DFS preorder, children best first."""
+    position = [0] * len(token) + [-1]  # position[-1]: the root's parent
+    tokens, parents, depths, scores, modes = [], [], [], [], []
+    stack = [0]
+    while stack:  # a parent is visited before its children: its position is known
+        r = stack.pop()
+        position[r] = len(tokens)
+        tokens.append(token[r])
+        parents.append(position[parent[r]])
+        depths.append(depth[r])
+        scores.append(score[r])
+        modes.append(mode[r])
+        stack.extend(reversed(children[r]))
+    flat = array("q", tokens)
+    for field in (parents, depths, modes):
+        flat.extend(field)
+    tokens, parents, depths, modes = torch.frombuffer(flat, dtype=torch.int64).view(4, -1).to(device)
+    scores = torch.frombuffer(array("d", scores), dtype=torch.float64).to(device=device, dtype=torch.int64)
+    return DraftTree(tokens, parents, depths, scores, modes)
+
+
+def draft_tree(top_scores, top_ids, budget, anchor, vocab_size):
+    """``build_mixture_tree`` on the best available backend (the Triton kernels on CUDA).
+
+    Both give the same tree; the Triton one never synchronises with the host (its size,
+    min(budget, number of prefixes), follows from the shapes). Shapes beyond the kernels' packed
+    keys (B > 256, more than 15 positions, M * B > 4096, vocabularies of 2^19 or more) use the
+    reference.
+    """
+    if use_triton(top_scores):
+        from .tree_build_triton import build_mixture_tree_triton, tree_kernel_supports
+
+        if tree_kernel_supports(top_scores.shape[0], top_scores.shape[1], budget, vocab_size):
+            return build_mixture_tree_triton(top_scores, top_ids, budget, anchor)
+    return build_mixture_tree(top_scores, top_ids, budget, anchor)

@@ -34,13 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the torch path serves every device
-    triton = None
-
-BACKENDS = ("auto", "torch", "triton")
+from .backend import BACKENDS, tl, triton, use_triton
 
 
 @dataclass
@@ -69,6 +63,10 @@ def tree_layout(depths, tree_mask, width):
 
 
 def _use_triton(backend, tensor):
+    """``backend=None`` follows the package-wide switch (``kernels/backend.py``); a name forces
+    one path for this call (the tests compare both)."""
+    if backend is None:
+        return use_triton(tensor)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "triton" and triton is None:
@@ -83,7 +81,7 @@ def tree_conv_torch(buffer, windows, weight):
     return (gathered * weight.float().t()[None]).sum(dim=1)
 
 
-def tree_causal_conv(x, conv_state, weight, layout, bias=None, backend="auto"):
+def tree_causal_conv(x, conv_state, weight, layout, bias=None, backend=None):
     """Each node's depthwise causal conv over its ancestor path (no activation) -> [N, C] fp32."""
     buffer = torch.cat([conv_state.to(x.dtype), x], dim=0).contiguous()
     if _use_triton(backend, x):
@@ -122,7 +120,7 @@ def tree_delta_rule_torch(q, k, v, g, beta, state, layout):
     u = (I + L)^-1 (...) solve a unit lower-triangular system whose entries
     L_ij = beta_i k_i.k_j e^(G_i - G_j) link i only to its strict ancestors j, so forward
     substitution runs each path's own recurrence. Inputs from ``delta_rule_inputs``."""
-    n, heads = v.shape[0], v.shape[1]
+    heads = v.shape[1]
     mask = layout.mask
     q, k = _grouped(q, heads).transpose(0, 1), _grouped(k, heads).transpose(0, 1)  # [Hv, N, Dk]
     v, g, beta = v.transpose(0, 1), g.t(), beta.t()[..., None]
@@ -138,7 +136,7 @@ def tree_delta_rule_torch(q, k, v, g, beta, state, layout):
     return out.transpose(0, 1)
 
 
-def tree_delta_rule(q, k, v, g, beta, state, layout, backend="auto"):
+def tree_delta_rule(q, k, v, g, beta, state, layout, backend=None):
     """Every node's delta-rule output over its ancestor path -> [N, Hv, Dv] fp32."""
     if _use_triton(backend, v):
         nodes = torch.arange(v.shape[0], device=v.device)
@@ -147,7 +145,7 @@ def tree_delta_rule(q, k, v, g, beta, state, layout, backend="auto"):
     return tree_delta_rule_torch(q, k, v, g, beta, state, layout)
 
 
-def node_state(k, v, g, beta, state, layout, node, backend="auto"):
+def node_state(k, v, g, beta, state, layout, node, backend=None):
     """The recurrent state after ``node`` (the committed state advanced along its path) -> [Hv, Dk, Dv]."""
     if _use_triton(backend, v):
         q = k.new_zeros(k.shape)  # outputs are not wanted, only the state

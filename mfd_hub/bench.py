@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import MfdHubError
+
 RARE = 0.01
 
 
@@ -70,6 +72,25 @@ class RunStats:
         }
 
 
+def round_robin_ms(fns, repeats, device):
+    """Median wall time in ms of each of ``fns``, measured round-robin (one call of each per
+    round, after two warm-up rounds) so that drifting machine load hits every one alike."""
+    import statistics
+
+    times = [[] for _ in fns]
+    for round_ in range(repeats + 2):
+        for fn, samples in zip(fns, times):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if round_ >= 2:
+                samples.append((time.perf_counter() - start) * 1000)
+    return [statistics.median(samples) for samples in times]
+
+
 def _tree_coverage(stats, tree, tokens, logits, temperature):
     """Fold one round's tree into ``stats``: target probability of every node's last step."""
     probs = torch.softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
@@ -96,7 +117,7 @@ def _tree_coverage(stats, tree, tokens, logits, temperature):
 
 def plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed):
     """Plain decoding with transformers' generate -> (new token ids, seconds)."""
-    from .testing import greedy_decode
+    from .targets import greedy_decode
 
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -111,6 +132,15 @@ def plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed):
     return new, time.perf_counter() - start
 
 
+def methods_for(draft, methods):
+    """The methods a drafter can run: the mixture needs modes (K > 0)."""
+    return [m for m in methods if m != "mixture" or draft.config.num_modes > 0]
+
+
+def cells_per_prompt(drafters, methods, budgets):
+    return sum(len(budgets) if m != "chain" else 1 for d in drafters.values() for m in methods_for(d, methods))
+
+
 def run_benchmark(target, stop_ids, encoded_prompts, drafters, methods, budgets, temperatures,
                   max_new_tokens=128, seed=0, progress=None):
     """encoded_prompts: list of [1, L] id tensors; drafters: {label: DFlashDraftModel}.
@@ -120,7 +150,7 @@ def run_benchmark(target, stop_ids, encoded_prompts, drafters, methods, budgets,
         for index, ids in enumerate(encoded_prompts):
             plain_tokens, plain_seconds = plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed + index)
             for label, draft in drafters.items():
-                for method in methods:
+                for method in methods_for(draft, methods):
                     for budget in budgets if method != "chain" else [min(budgets)]:
                         key = (label, method, budget, temperature)
                         stats = cells.setdefault(key, RunStats(label, method, budget, temperature))
@@ -164,17 +194,20 @@ def markdown_table(rows):
 
 
 def write_outputs(rows, out_dir, meta):
-    """results.json, results.md and PNG plots (speedup and tau against budget, per method)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """results.json, results.md and PNG plots (speedup and tau against budget, per method; only
+    with matplotlib installed, the ``plots`` extra) -> the names written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     (out_dir / "results.md").write_text(markdown_table(rows))
     written = ["results.json", "results.md"]
+    try:
+        import matplotlib
+    except ImportError:
+        return written + ["(no plots: pip install matplotlib)"]
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     for metric in ("speedup", "tau"):
         for temperature in sorted({r["temperature"] for r in rows}):
             fig, ax = plt.subplots(figsize=(6, 4))
@@ -201,3 +234,73 @@ def write_outputs(rows, out_dir, meta):
             plt.close(fig)
             written.append(name)
     return written
+
+
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n"
+
+
+def load_prompt_set(spec, limit=None):
+    """``humaneval`` (the built-in held-out set, asked as an instruction) or a JSON Lines file
+    -> list of (id, prompt text)."""
+    from .miniature import humaneval_prompts
+    from .regen import read_prompts
+
+    if spec == "humaneval":
+        prompts = [(task, HUMANEVAL_INSTRUCTION + text) for task, text in humaneval_prompts()]
+    else:
+        prompts = read_prompts(spec)
+    if not prompts:
+        raise MfdHubError(f"no prompts in {spec}")
+    return prompts[:limit] if limit else prompts
+
+
+def drafter_label(spec):
+    """A short name for a drafter in tables: the folder's name (its run's name for a run's final/)."""
+    path = Path(str(spec))
+    return f"{path.parent.name}/{path.name}" if path.name == "final" and path.parent.name else path.name
+
+
+def default_drafters(target_spec):
+    from .targets import is_smollm2
+
+    if is_smollm2(target_spec):
+        return ["MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"]
+    raise MfdHubError(f"name the drafters to measure against {target_spec} with --drafter")
+
+
+def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None):
+    """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta)."""
+    from tqdm import tqdm
+
+    from .checkpoint import load_draft
+    from .miniature import SHIPPED_DRAFTERS, drafter_folder
+    from .targets import encode_prompt, load_target, stop_ids_of
+
+    prompts = load_prompt_set(prompt_spec, limit)
+    drafters = {}
+    for spec in drafter_specs or default_drafters(target_spec):
+        # shipped names and folders here; anything else is a Hub id that load_draft downloads
+        folder = drafter_folder(spec) if spec in SHIPPED_DRAFTERS or Path(spec).exists() else spec
+        if log:
+            log(f"loading drafter {spec}")
+        drafters[drafter_label(spec)] = load_draft(str(folder))
+    if log:
+        log(f"loading target {target_spec}")
+    target, tokenizer = load_target(target_spec)
+    if tokenizer is None:
+        raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
+    stops = stop_ids_of(tokenizer, target)
+    encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
+    total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
+    with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
+        rows = run_benchmark(target, stops, encoded, drafters, methods, budgets, temperatures,
+                             max_new_tokens=max_new_tokens, seed=seed, progress=bar.update)
+    meta = {
+        "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
+        "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
+        "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
+        "device": str(target.device),
+    }
+    files = write_outputs(rows, out_dir, meta)
+    return {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

@@ -11,7 +11,7 @@ import sys
 import click
 
 from . import __version__
-from .commands._common import emit_json, examples
+from .commands._common import examples
 from .errors import MfdHubError
 
 EXIT_INTERNAL = 3

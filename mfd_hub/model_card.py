@@ -154,3 +154,46 @@ def render_card(drafter, path=None, repo_id=None, registry=None):
         version=__version__,
     )
     return text
+
+
+# -- the SmolLM2 miniature's shipped drafters ------------------------------------------------------
+MINIATURE_TEMPLATE = "miniature_card.md.j2"
+_KINDS = {"mfd": "MFD", "dpace": "D-PACE", "dflash": "DFlash"}
+
+
+def render_miniature_card(folder, summary, bench=None, verify_report=None):
+    """README.md of a shipped SmolLM2 drafter: its shape and training runs from the checkpoint,
+    ``bench`` (a results.json dict of ``mfd-hub bench``) rows for this drafter, and the checks of
+    ``verify_report`` (a ``verify_checkpoint(...).to_dict()``)."""
+    import json
+    from pathlib import Path
+
+    import jinja2
+    from huggingface_hub import ModelCardData
+
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    meta = config.get("mfd_metadata") or {}
+    training = [*meta.get("earlier_training", []), *([meta["training"]] if "training" in meta else [])]
+    kind = _KINDS.get(training[-1]["loss"], "DFlash") if training else "DFlash"
+    rows = [r for r in (bench or {}).get("rows", []) if r["drafter"] == folder.name and r["temperature"] == 0]
+    rows.sort(key=lambda r: (["chain", "product", "mixture"].index(r["method"]), r["budget"]))
+    bench_meta = dict((bench or {}).get("meta", {}))
+    bench_meta["temperature"] = 0
+    checks = (verify_report or {}).get("checks", [])
+    verify = None
+    if checks:
+        verify = {s: sum(c["status"] == key for c in checks)
+                  for s, key in (("passed", "pass"), ("warned", "warn"), ("failed", "fail"))}
+    metadata = ModelCardData(
+        model_name=folder.name, license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
+        tags=["mfd", "multi-future-drafting", "dflash", "speculative-decoding", "draft-model", "mfd-hub", "smollm2"],
+    )
+    source = resources.files("mfd_hub.cards").joinpath(MINIATURE_TEMPLATE).read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    return env.from_string(source).render(
+        name=folder.name, kind=kind, summary=summary, arch=architecture(None, folder), training=training,
+        results=rows, bench=bench_meta, verify=verify, metadata=metadata.to_yaml(), version=__version__,
+        paper=load_registry().paper,
+    )

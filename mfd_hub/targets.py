@@ -182,3 +182,22 @@ def target_tokenizer_and_stops(spec):
     except (OSError, ValueError):
         generation = None
     return tokenizer, stop_ids_of(tokenizer, SimpleNamespace(generation_config=generation))
+
+
+def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
+    """Plain greedy decoding by transformers' ``generate`` -> the new token ids (a list).
+
+    Stops exactly at ``stop_ids`` (None: never, whatever the model's generation config says).
+    """
+    import copy
+
+    config = copy.deepcopy(target.generation_config)
+    config.eos_token_id = list(stop_ids) if stop_ids else None
+    config.pad_token_id = 0
+    config.do_sample = False
+    saved, target.generation_config = target.generation_config, config
+    try:
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens)
+    finally:
+        target.generation_config = saved
+    return out[0, input_ids.shape[1] :].tolist()

@@ -11,6 +11,7 @@ import torch
 
 from .remote.configuration_mfd import DFlashConfig
 from .remote.modeling_mfd import DFlashDraftModel
+from .targets import greedy_decode  # noqa: F401  (tests import it from here too)
 
 TARGET_FAMILIES = ("qwen3", "llama")
 # Gated-DeltaNet + attention targets; layer_types=... picks the pattern (default: 3 linear : 1 full)
@@ -192,25 +193,6 @@ def save_tiny_target(folder, target, with_tokenizer=True):
     if with_tokenizer:
         tiny_tokenizer(target.config.vocab_size).save_pretrained(folder)
     return folder
-
-
-def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
-    """Plain greedy decoding by transformers' ``generate`` -> the new token ids (a list).
-
-    Stops exactly at ``stop_ids`` (None: never, whatever the model's generation config says).
-    """
-    import copy
-
-    config = copy.deepcopy(target.generation_config)
-    config.eos_token_id = list(stop_ids) if stop_ids else None
-    config.pad_token_id = 0
-    config.do_sample = False
-    saved, target.generation_config = target.generation_config, config
-    try:
-        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens)
-    finally:
-        target.generation_config = saved
-    return out[0, input_ids.shape[1] :].tolist()
 
 
 def tiny_registry_drafter(drafter, seed=1, **overrides):

@@ -32,7 +32,7 @@ class DrafterSection:
     num_modes: int = 0  # K; 0 trains a single-mode (DFlash / D-PACE) drafter
     default_path: bool = False  # MFD-D: also train a single-mode default path
     mode_init_std: float = 0.02  # new mode embeddings ~ N(0, std^2): "small random vectors" (DESIGN §2)
-    draft_vocab_size: typing.Optional[int] = None  # most frequent response tokens; None = the full vocabulary
+    draft_vocab_size: typing.Optional[int] = None  # at most this many most frequent response tokens; None = all
     train_lm_head: bool = False  # train the draft-vocabulary head (it starts as the target's rows)
     target_layer_ids: typing.Optional[list] = None  # scratch: the taps; a base: checked against it
     mask_token_id: typing.Optional[int] = None  # scratch: required; a base: checked against it

@@ -276,9 +276,10 @@ def build_drafter(recipe, target_info, lm_head, sequences):
 
         ids = draft_vocabulary(sequences, r.draft_vocab_size, model.config.vocab_size)
         model = reduce_vocabulary(model, lm_head, ids).float()
-    elif r.draft_vocab_size and model.config.draft_vocab_size != r.draft_vocab_size:
+    elif r.draft_vocab_size and model.config.draft_vocab_size > r.draft_vocab_size:
+        # the size is an upper bound (only tokens that occur are kept), so a base with fewer keeps its own
         raise MfdHubError(f"the base has a draft vocabulary of {model.config.draft_vocab_size}, "
-                          f"the recipe asks for {r.draft_vocab_size}")
+                          f"more than the recipe's {r.draft_vocab_size}")
     return model
 
 

@@ -543,7 +543,7 @@ def check_spec_decoding(ck, target, failed_before):
     from .checkpoint import load_draft
     from .remote.targets_mfd import UnsupportedTargetError
     from .targets import load_target
-    from .testing import greedy_decode
+    from .targets import greedy_decode
 
     draft = load_draft(ck.folder)
     model, tokenizer = load_target(target)

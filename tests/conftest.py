@@ -11,6 +11,12 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Without a GPU the Triton kernels run in triton's CPU interpreter, which triton chooses when the
+# kernels are decorated: this must precede every mfd_hub import. Only tests that force the Triton
+# backend use it; "auto" keeps the torch references on CPU tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from mfd_hub.testing import TARGET_FAMILIES, tiny_drafter, tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +46,20 @@ sys.modules["triton"] = None
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def forced_triton():
+    """Run the kernels in Triton (on the GPU, else in triton's interpreter) -> the device to use."""
+    from mfd_hub.kernels import backend
+
+    if backend.triton is None:
+        pytest.skip("triton is not installed")
+    if not (torch.cuda.is_available() or backend.INTERPRETED):
+        pytest.skip("no GPU and triton's interpreter is off")
+    previous = backend.set_kernel_backend("triton")
+    yield "cuda" if torch.cuda.is_available() else "cpu"
+    backend.set_kernel_backend(previous)
 
 
 @pytest.fixture(params=TARGET_FAMILIES)

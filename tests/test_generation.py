@@ -52,6 +52,25 @@ def test_greedy_is_token_identical(small_vocab_pair, method):
         assert max(taus) > 1.3  # large trees accept several tokens per round: the walk is exercised
 
 
+def test_on_round_sees_each_tree_its_logits_and_the_accepted_path(small_vocab_pair):
+    target, drafter = small_vocab_pair
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    seen = []
+
+    def on_round(tree, tokens, logits, path):
+        seen.append((tree.num_nodes, tokens.clone(), logits.shape, path.tolist(), tree.parents.tolist()))
+
+    out = drafter.spec_generate(target, ids, max_new_tokens=30, method="mixture", tree_budget=12, on_round=on_round)
+    assert len(seen) == out.rounds and [s[0] for s in seen] == out.tree_sizes
+    emitted = out.new_tokens[1:]  # the first token comes from the prefill
+    for (nodes, tokens, shape, path, parents), length in zip(seen, out.acceptance_lengths):
+        assert shape == (nodes + 1, target.config.vocab_size)  # the root (anchor) and the drafted nodes
+        assert path[0] == 0 and all(parents[c] == p for p, c in zip(path, path[1:]))  # a root-down path
+        assert len(path) == length  # the accepted drafts and the root: one token per emitted token
+        assert tokens[path[1:]].tolist() == emitted[: length - 1]
+        emitted = emitted[length:]
+
+
 def test_mode_choices_for_single_mode_methods(small_vocab_pair):
     target, drafter = small_vocab_pair
     ids = torch.tensor([[2, 7, 1]])

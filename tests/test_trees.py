@@ -8,8 +8,12 @@ import torch
 
 from mfd_hub.kernels.tree_build import (
     NEG_SCORE,
+    SCORE_SCALE,
     build_chain,
     build_mixture_tree,
+    draft_candidates,
+    draft_tree,
+    log_normaliser,
     quantize_logprobs,
     top_candidates,
 )
@@ -67,35 +71,80 @@ def random_logprobs(rng, m, length, v, tie_heavy):
 CASES = [(seed, seed % 2 == 0) for seed in range(120)]
 
 
-@pytest.mark.parametrize("seed,tie_heavy", CASES)
-def test_mixture_and_product_trees_equal_brute_force(seed, tie_heavy):
+def random_case(seed, tie_heavy):
     rng = random.Random(seed)
     m, length, v = rng.randint(1, 4), rng.randint(1, 5), rng.randint(2, 6)
     budget = rng.randint(1, 40)
-    lp = random_logprobs(rng, m, length, v, tie_heavy)
+    return m, length, v, budget, random_logprobs(rng, m, length, v, tie_heavy)
+
+
+def assert_tree_is_brute_force_top(tree, q, budget, length, anchor):
+    want = brute_force_top(q, budget, length)
+    got, paths = tree_prefixes(tree)
+    assert got == want
+    assert tree.num_nodes == len(want)
+    # layout: root first, parents precede children, depth = parent depth + 1, DFS preorder
+    assert int(tree.tokens[0]) == anchor and int(tree.parents[0]) == -1 and int(tree.depths[0]) == 0
+    for i in range(1, tree.num_nodes + 1):
+        p = int(tree.parents[i])
+        assert 0 <= p < i and int(tree.depths[i]) == int(tree.depths[p]) + 1
+    assert [paths[i] for i in range(1, tree.num_nodes + 1)] == expected_preorder(want)
+
+
+@pytest.mark.parametrize("seed,tie_heavy", CASES)
+def test_mixture_and_product_trees_equal_brute_force(seed, tie_heavy):
+    m, length, v, budget, lp = random_case(seed, tie_heavy)
     q = quantize_logprobs(lp)
     top_s, top_i = top_candidates(lp, budget)
     assert torch.equal(top_s, top_candidates(q, budget)[0])
-    anchor = 99
     for modes in [list(range(m))] + [[k] for k in range(m)]:  # the mixture, then each mode's product tree
-        tree = build_mixture_tree(top_s[modes], top_i[modes], budget, anchor, v)
-        want = brute_force_top(q[modes], budget, length)
-        got, paths = tree_prefixes(tree)
-        assert got == want
-        assert tree.num_nodes == len(want)
-        # layout: root first, parents precede children, depth = parent depth + 1, DFS preorder
-        assert int(tree.tokens[0]) == anchor and int(tree.parents[0]) == -1 and int(tree.depths[0]) == 0
-        for i in range(1, tree.num_nodes + 1):
-            p = int(tree.parents[i])
-            assert 0 <= p < i and int(tree.depths[i]) == int(tree.depths[p]) + 1
-        assert [paths[i] for i in range(1, tree.num_nodes + 1)] == expected_preorder(want)
+        tree = build_mixture_tree(top_s[modes], top_i[modes], budget, 99)
+        assert_tree_is_brute_force_top(tree, q[modes], budget, length, 99)
+
+
+@pytest.mark.parametrize("seed,tie_heavy", CASES[:10])
+def test_triton_trees_equal_brute_force_and_reference(forced_triton, seed, tie_heavy):
+    """The Triton path (candidates from raw logits, then the tree) on a subset of the cases."""
+    m, length, v, budget, lp = random_case(seed, tie_heavy)
+    logits = (lp * 1.5 + 0.25).to(forced_triton)  # not normalised: the candidates normalise
+    top_s, top_i = draft_candidates(logits, budget)
+    want_s, want_i = top_candidates(logits, budget, log_normaliser(logits))
+    assert torch.equal(top_s, want_s) and torch.equal(top_i, want_i)
+    q = quantize_logprobs(logits - log_normaliser(logits)[..., None])
+    for modes in [list(range(m)), [0]]:
+        tree = draft_tree(top_s[modes], top_i[modes], budget, 99, v)
+        want = build_mixture_tree(top_s[modes], top_i[modes], budget, 99)
+        for name in ("tokens", "parents", "depths", "scores", "modes"):
+            assert torch.equal(getattr(tree, name), getattr(want, name)), name
+        assert_tree_is_brute_force_top(tree, q[modes].cpu(), budget, length, 99)
+
+
+@pytest.mark.parametrize("k", [1, 7, 33])
+def test_candidates_on_a_large_vocabulary_equal_a_full_stable_sort(k):
+    """A vocabulary large enough for the blockwise top-k, with ties straddling the cut."""
+    g = torch.Generator().manual_seed(k)
+    for logits in (torch.randn(2, 3, 128 * 80, generator=g), torch.randint(-6, 2, (2, 3, 128 * 80), generator=g).float()):
+        lse = log_normaliser(logits)
+        assert torch.allclose(lse, torch.logsumexp(logits, -1), atol=1e-5)
+        full = quantize_logprobs(logits - lse[..., None]).sort(dim=-1, descending=True, stable=True)
+        scores, ids = top_candidates(logits, k, lse)
+        assert torch.equal(scores, full.values[..., :k]) and torch.equal(ids, full.indices[..., :k])
+
+
+def test_candidates_from_raw_logits_equal_those_from_log_probs():
+    logits = torch.randint(-3, 3, (3, 4, 50)).float() * 0.7 + 2.0  # many ties
+    lse = torch.logsumexp(logits, -1)
+    for k in (1, 5, 50, 60):
+        got = top_candidates(logits, k, lse)
+        want = top_candidates(logits - lse[..., None], k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_exact_ties_break_to_smaller_depth_then_smaller_tokens():
     # two modes, uniform over 3 tokens: every prefix of one depth ties exactly
     q = quantize_logprobs(torch.log_softmax(torch.zeros(2, 3, 3), -1))
     top_s, top_i = top_candidates(q, 5)
-    tree = build_mixture_tree(top_s, top_i, 5, anchor=0, vocab_size=3)
+    tree = build_mixture_tree(top_s, top_i, 5, anchor=0)
     got, _ = tree_prefixes(tree)
     assert sorted(got) == [(0,), (0, 0), (1,), (1, 0), (2,)] or sorted(got) == sorted(
         [(0,), (1,), (2,), (0, 0), (0, 1)]
@@ -106,7 +155,7 @@ def test_exact_ties_break_to_smaller_depth_then_smaller_tokens():
 def test_top_candidates_orders_ties_by_id():
     lp = torch.tensor([[0.0, 1.0, 1.0, 0.5, 1.0, -1.0]]) - 2.0
     vals, ids = top_candidates(lp, 3)
-    assert vals.dtype == torch.int64 and vals.tolist() == [[int(-1.0 * 2**32)] * 3]
+    assert vals.dtype == torch.int64 and vals.tolist() == [[int(-1.0 * SCORE_SCALE)] * 3]
     assert ids.tolist() == [[1, 2, 4]]
     vals, ids = top_candidates(lp, 2)  # the cut falls inside the tie
     assert ids.tolist() == [[1, 2]]
@@ -133,11 +182,11 @@ def test_chain_is_the_argmax_path():
 def test_budget_one_and_single_chain_trees():
     q = quantize_logprobs(torch.log_softmax(torch.randn(3, 4, 5), -1))
     s, i = top_candidates(q, 1)
-    tree = build_mixture_tree(s, i, 1, anchor=0, vocab_size=5)
+    tree = build_mixture_tree(s, i, 1, anchor=0)
     assert tree.num_nodes == 1
     assert int(tree.scores[1]) == int(q[:, 0].max())
     # a vocabulary of one token: the tree can only be one chain
     q1 = quantize_logprobs(torch.zeros(2, 4, 1))
     s, i = top_candidates(q1, 8)
-    tree = build_mixture_tree(s, i, 8, anchor=0, vocab_size=1)
+    tree = build_mixture_tree(s, i, 8, anchor=0)
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3]

@@ -1,7 +1,9 @@
 """The CLI's commands, one module each; ``COMMANDS`` is what ``mfd-hub`` registers."""
 
+from .bench import bench
 from .card import card
 from .convert import convert
+from .demo import demo
 from .drafters import list_drafters
 from .generate import generate
 from .info import info
@@ -10,4 +12,4 @@ from .regen import regen
 from .train import train
 from .verify import verify
 
-COMMANDS = [card, convert, generate, info, list_drafters, push, regen, train, verify]
+COMMANDS = [bench, card, convert, demo, generate, info, list_drafters, push, regen, train, verify]

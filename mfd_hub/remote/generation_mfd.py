@@ -7,6 +7,12 @@ target's own next tokens (argmax at T=0, independent samples from plain decoding
 at T>0) and adds the target's token at its end. Every emitted token is the target's, so the
 output equals plain decoding: token for token at T=0, in distribution at T>0.
 
+Kernels (``kernels/``, Triton on CUDA, the torch references elsewhere; ``MFD_HUB_KERNELS``
+forces either) keep a round on the device: every size is known on the host from the shapes, and
+the round reads the device once, a small summary (accepted length, bonus token, the path's
+tokens) that decides what to emit and what to commit. Stage times do not synchronise unless
+``sync_timing=True``.
+
 This file is part of the remote-code bundle: torch and transformers only.
 """
 
@@ -17,7 +23,7 @@ import torch
 
 from ..kernels.accept import accept_walk
 from ..kernels.tree_attention import ancestor_mask
-from ..kernels.tree_build import build_chain, build_mixture_tree, top_candidates
+from ..kernels.tree_build import build_chain, draft_candidates, draft_tree
 from .modeling_mfd import DraftContextCache
 from .sampling_mfd import check_sampling, next_tokens
 from .targets_mfd import make_verifier
@@ -108,7 +114,8 @@ def _check_pair(draft, target):
 
 
 def _resolve_modes(draft, method, mode, cache):
-    """The modes to draft this round: 'all' for the mixture, else one mode (or the default path)."""
+    """The modes to draft this round: 'all' for the mixture, else one mode (or the default path).
+    The gate's choice stays a device tensor (no host synchronisation)."""
     k = draft.config.num_modes
     if k == 0:
         return None
@@ -119,7 +126,7 @@ def _resolve_modes(draft, method, mode, cache):
     if mode == "default":
         return None
     if mode == "gate":
-        return [int(draft.mode_gate(cache.last_feature).argmax(-1)[0])]
+        return draft.mode_gate(cache.last_feature).argmax(-1)[:1]
     return [int(mode)]
 
 
@@ -138,6 +145,7 @@ def spec_generate(
     mode=None,
     generator=None,
     sync_timing=False,
+    on_round=None,
 ):
     """Generate with ``draft`` speculating for ``target``; returns a SpecDecodingOutput.
 
@@ -149,6 +157,9 @@ def spec_generate(
     temperature / top_p / top_k: plain sampling's meaning (temperature 0 = greedy).
     stop_token_ids: generation ends after the first of them, which is kept.
     sync_timing: on CUDA, synchronise at every stage so stage times are exact (slower).
+    on_round: called after each verification as ``on_round(tree, tokens, logits, path)``: the
+    draft tree, its tokens in the target's vocabulary, the target's logits per node and the
+    accepted path from the root. Benchmarks use it to see where the budget went.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -195,38 +206,45 @@ def spec_generate(
     if first in stops:
         out.stopped_by = "stop_token"
     mask_ids = torch.full((1, 1, block - 1), draft.mask_token_id, device=device)
+    anchor = first
     while not done:
-        anchor = out.new_tokens[-1]
         start = verifier.length  # the anchor's position
         depth = min(block - 1, max_new_tokens - len(out.new_tokens) - 1)
+        max_depth = min(depth, tree_budget)  # a bound on the tree's depth, known without the device
         modes = _resolve_modes(draft, method, mode, cache)
         if depth > 0:
             block_ids = torch.cat([torch.full((1, 1, 1), anchor, device=device), mask_ids], dim=-1)
-            drafted = draft(draft.embed_block(block_ids, embed), start, cache=cache, modes=modes, lm_head=lm_head)
-            logprobs = torch.log_softmax(drafted.logits[0, 0, :, :depth].float(), dim=-1)  # [M, depth, V]
+            anchor_pos = torch.full((1, 1), start, device=device)  # a device tensor: no host-to-device copy
+            drafted = draft(draft.embed_block(block_ids, embed), anchor_pos, cache=cache, modes=modes, lm_head=lm_head)
+            logits = drafted.logits[0, 0, :, :depth]  # [M, depth, V]
             clock.lap("draft")
             if method == "chain":
-                _, ids = top_candidates(logprobs[0], 1)
+                _, ids = draft_candidates(logits[0], 1)
                 tree = build_chain(ids, anchor, length=tree_budget)
             else:
-                scores, ids = top_candidates(logprobs, tree_budget)
-                tree = build_mixture_tree(scores, ids, tree_budget, anchor, logprobs.shape[-1])
+                scores, ids = draft_candidates(logits, tree_budget)
+                tree = draft_tree(scores, ids, tree_budget, anchor, logits.shape[-1])
             tokens = torch.cat([tree.tokens[:1], draft.draft_to_target_ids(tree.tokens[1:])])
         else:
             tree = build_chain(torch.zeros(0, 1, dtype=torch.long, device=device), anchor)
             tokens = tree.tokens
-        tree_mask = ancestor_mask(tree.parents)
+        tree_mask = ancestor_mask(tree.parents, max_depth)
         clock.lap("tree")
 
         logits, node_taps = verifier.verify(tokens, tree.depths, tree_mask)
         target_next = next_tokens(logits, **rule)
-        path, bonus = accept_walk(tokens, tree.parents, tree.depths, target_next)
+        path, info = accept_walk(tokens, tree.parents, tree.depths, target_next, max_depth)
         clock.lap("verify")
 
-        emitted = tokens[path[1:]].tolist() + [int(bonus)]
+        # The round's one host synchronisation: accepted length, spine flag, bonus, path tokens.
+        summary = torch.cat([info, tokens[path]]).tolist()
+        accepted, bonus = summary[0], summary[2]
+        emitted = summary[4 : 3 + accepted] + [bonus]  # summary[3] is the root (the anchor)
         out.acceptance_lengths.append(len(emitted))
+        if on_round is not None:
+            on_round(tree, tokens, logits, path[:accepted])
         out.tree_sizes.append(tree.num_nodes)
-        if modes is not None and modes != "all":
+        if modes is not None and not isinstance(modes, str):
             out.modes_used.append(modes[0])
         for token in emitted:
             out.new_tokens.append(token)
@@ -237,12 +255,16 @@ def spec_generate(
                 done = True
                 break
         if not done:
+            path = path[:accepted]
             verifier.commit(path)
-            positions = start + torch.arange(path.shape[0], device=device)
+            positions = start + torch.arange(accepted, device=device)
             draft.extend_context(cache, node_taps[path][None], positions)
+            anchor = bonus
         clock.lap("commit")
 
     out.seconds = time.perf_counter() - began
+    if out.modes_used and torch.is_tensor(out.modes_used[0]):  # the gate's choices, read once
+        out.modes_used = torch.stack(out.modes_used).tolist()
     new = torch.tensor(out.new_tokens, dtype=input_ids.dtype, device=device)[None]
     out.output_ids = torch.cat([input_ids, new], dim=1)
     return out

@@ -62,8 +62,10 @@ class _TreeKeyValues:
         return key_states, value_states
 
     def compact(self, prefix_len, path):
-        for i in self.keys:
-            self.keys[i], self.values[i] = compact_kv([self.keys[i], self.values[i]], prefix_len, path)
+        layers = list(self.keys)  # one compaction call for every attention layer's keys and values
+        kept = compact_kv([t for i in layers for t in (self.keys[i], self.values[i])], prefix_len, path)
+        for n, i in enumerate(layers):
+            self.keys[i], self.values[i] = kept[2 * n], kept[2 * n + 1]
 
 
 def _linear_projections(mod, x):
@@ -81,7 +83,7 @@ def _linear_projections(mod, x):
 class HybridVerifier:
     """Tree verification for targets mixing full attention with Gated-DeltaNet layers."""
 
-    def __init__(self, target, tap_ids, backend="auto"):
+    def __init__(self, target, tap_ids, backend=None):
         from transformers.activations import ACT2FN
 
         self.target = target

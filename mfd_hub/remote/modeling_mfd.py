@@ -236,7 +236,8 @@ class DFlashDraftModel(PreTrainedModel):
         """The vectors added to the block for the requested modes -> [M, H].
 
         ``"all"``: every mode; ``None``: the default path (``default_embed`` or nothing);
-        a sequence or tensor of indices: those modes.
+        a sequence or tensor of indices: those modes (an int64 tensor already on the drafter's
+        device is trusted, unchecked, so that choosing a mode on the GPU never waits for it).
         """
         hidden = self.config.hidden_size
         if modes is None:
@@ -249,6 +250,8 @@ class DFlashDraftModel(PreTrainedModel):
             if modes != "all":
                 raise ValueError(f"modes must be 'all', None or indices, not {modes!r}")
             return self.mode_embed
+        if torch.is_tensor(modes) and modes.device == self.mode_embed.device and modes.dtype == torch.long:
+            return self.mode_embed[modes.reshape(-1)]  # e.g. the gate's argmax: used as is, no host sync
         idx = torch.as_tensor(modes, dtype=torch.long, device=self.mode_embed.device).reshape(-1)
         if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.config.num_modes:
             raise ValueError(f"mode indices must be in 0..{self.config.num_modes - 1}")

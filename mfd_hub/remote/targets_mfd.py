@@ -112,7 +112,9 @@ class AttentionVerifier:
 
     def commit(self, path):
         """Keep the committed prefix plus the accepted nodes (indices into the last verify)."""
-        for layer in _cache_tensors(self.cache):
-            layer.keys, layer.values = compact_kv([layer.keys, layer.values], self.length, path)
+        layers = _cache_tensors(self.cache)
+        kept = compact_kv([t for layer in layers for t in (layer.keys, layer.values)], self.length, path)
+        for i, layer in enumerate(layers):  # every layer compacted together (one kernel launch)
+            layer.keys, layer.values = kept[2 * i], kept[2 * i + 1]
         self.length += path.shape[0]
         self.pending = 0
