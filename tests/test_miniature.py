@@ -31,7 +31,7 @@ def test_shipped_drafter_is_complete_and_current(name):
         assert (folder / file).read_text() == text, f"{name}/{file} is stale: re-ship the drafter"
     report = json.loads((folder / VERIFY_REPORT).read_text())
     assert report["ok"] and not [c for c in report["checks"] if c["status"] == "fail"]
-    assert any(c["name"] == "spec_decoding" and c["status"] == "pass" for c in report["checks"])
+    assert any(c["name"] == "spec-decoding" and c["status"] == "pass" for c in report["checks"])
     # the card is generated from what the zoo holds, never edited by hand
     assert (folder / "README.md").read_text() == render_shipped_card(name)
 
