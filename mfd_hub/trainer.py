@@ -436,6 +436,15 @@ def train(recipe, resume=False, stop_after=None, verbose=True):
     """Run a recipe; returns a summary dict (also written as ``train_summary.json``) on rank 0,
     None on the other ranks."""
     dist = setup_distributed()
+    try:
+        return _run(recipe, dist, resume, stop_after, verbose)
+    finally:
+        # a process group left alive aborts the process at exit (gloo's threads are still joinable)
+        if dist.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _run(recipe, dist, resume, stop_after, verbose):
     log = _Log(verbose and dist.main)
     t = recipe.train
     run_dir = recipe.run_dir
