@@ -362,18 +362,26 @@ def test_stop_and_resume_is_bit_exact(in_workspace, reference_run):
 def test_two_gloo_ranks_equal_one_rank(in_workspace, reference_run, parallel):
     root, _ = in_workspace
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "mfd_hub",
-         "train", "tiny-mfd", f"output.dir=runs/two-{parallel}", f"train.parallel={parallel}", "--json"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-    )
+    env.pop("TRITON_INTERPRET", None)  # training runs no Triton kernel
+    # A launch on a loaded 2-core CI machine has, rarely, aborted a rank before its first step
+    # ("terminate called without an active exception", not reproduced locally). One fresh
+    # relaunch is allowed for exactly that abort; any other failure, or two aborts, fails.
+    for attempt in range(2):
+        out_dir = root / "runs" / f"two-{parallel}-{attempt}"
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "mfd_hub",
+             "train", "tiny-mfd", f"output.dir={out_dir}", f"train.parallel={parallel}", "--json"],
+            cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )
+        if result.returncode == 0 or "terminate called without an active exception" not in result.stderr:
+            break
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["world_size"] == 2  # one summary, from rank 0
-    want, got = _final_weights(reference_run), _final_weights(root / "runs" / f"two-{parallel}")
+    want, got = _final_weights(reference_run), _final_weights(out_dir)
     for name in want:
         assert torch.allclose(want[name], got[name], atol=1e-5, rtol=1e-4), name
     ref_losses = [m["loss"] for m in _metrics(reference_run)]
-    assert [m["loss"] for m in _metrics(root / "runs" / f"two-{parallel}")] == pytest.approx(ref_losses, rel=1e-5)
+    assert [m["loss"] for m in _metrics(out_dir)] == pytest.approx(ref_losses, rel=1e-5)
 
 
 def test_scratch_dpace_with_a_draft_vocabulary(in_workspace):
