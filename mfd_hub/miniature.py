@@ -133,11 +133,9 @@ SHIPPED_DRAFTERS = {
 
 def shipped_drafter_dir(name):
     """The folder of a shipped drafter (a name of SHIPPED_DRAFTERS) -> Path."""
-    from importlib.resources import files
-
     if name not in SHIPPED_DRAFTERS:
         raise MfdHubError(f"no shipped drafter called {name!r}; shipped: {', '.join(SHIPPED_DRAFTERS)}")
-    folder = Path(str(files("mfd_hub.zoo") / name))
+    folder = zoo_dir() / name
     if not (folder / "config.json").is_file():
         raise MfdHubError(f"the shipped drafter {name} is missing from {folder.parent} (a broken install?)")
     return folder
@@ -173,11 +171,11 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget=32, max_new_tokens=128, 
     """Plain greedy decoding, then chain, product tree and mixture tree on SmolLM2-135M with the
     drafter -> a dict: the text, and per method tokens, tau, tok/s, speedup, identical."""
     import os
-    import time
 
     import torch
     from tqdm import tqdm
 
+    from .bench import plain_decode
     from .targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything the demo needs is on disk
@@ -200,9 +198,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget=32, max_new_tokens=128, 
 
     if log:
         log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0)")
-    start = time.perf_counter()
-    plain = greedy_decode(target, ids, max_new_tokens, stop_ids=stops)
-    plain_seconds = time.perf_counter() - start
+    plain, plain_seconds = plain_decode(target, ids, max_new_tokens, 0.0, stops, seed=0)
     runs = [{"method": "plain", "budget": None, "new_tokens": len(plain), "rounds": None, "tau": None,
              "seconds": plain_seconds, "tokens_per_second": len(plain) / plain_seconds, "speedup": 1.0,
              "identical": True}]
