@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from mfd_hub import DFlashConfig, DFlashDraftModel, DraftContextCache
-from mfd_hub.bench import round_robin_ms
+from mfd_hub.timing import round_robin_ms
 from mfd_hub.converters import reduce_vocabulary
 from mfd_hub.kernels.tree_build import top_candidates
 

@@ -20,9 +20,9 @@ import torch
 
 from mfd_hub.remote.configuration_mfd import DFlashConfig
 from mfd_hub.remote.modeling_mfd import DFlashDraftModel
-from mfd_hub.train_data import Sequence, make_batch, sample_anchors
-from mfd_hub.train_losses import true_token_logprobs
-from mfd_hub.trainer import DrafterObjective, add_draft_vocabulary, add_modes
+from mfd_hub.recipes.data import Sequence, make_batch, sample_anchors
+from mfd_hub.recipes.losses import true_token_logprobs
+from mfd_hub.recipes.trainer import DrafterObjective, add_draft_vocabulary, add_modes
 
 
 def drafter(hidden, layers, inter, vocab, modes, draft_vocab, head):

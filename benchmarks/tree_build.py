@@ -20,7 +20,7 @@ import heapq
 
 import torch
 
-from mfd_hub.bench import round_robin_ms
+from mfd_hub.timing import round_robin_ms
 from mfd_hub.kernels.backend import set_kernel_backend
 from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates, draft_tree
 

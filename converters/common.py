@@ -3,7 +3,7 @@ checkpoint's weights are stored in, and the provenance each conversion records."
 
 import torch
 
-from mfd_hub import __version__
+from mfd_hub.version import __version__
 from mfd_hub.errors import MfdHubError, UsageError
 from mfd_hub.remote.modeling_mfd import DFlashDraftModel
 

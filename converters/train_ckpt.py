@@ -1,6 +1,6 @@
 """Training checkpoint -> Hub-ready drafter (``mfd-hub convert train-ckpt``).
 
-Reads the contract of ``mfd_hub.train_checkpoint``: ``config.json`` + a torch.distributed
+Reads the contract of ``mfd_hub.recipes.train_checkpoint``: ``config.json`` + a torch.distributed
 checkpoint ``model/``, written by one process or sharded by several ranks (DCP reassembles the
 full tensors in one process). DCP's ``.metadata`` file is a pickle, so convert only training
 checkpoints you (or your trainer) wrote; ``mfd-hub verify`` never reads them.
@@ -13,7 +13,7 @@ import torch
 
 from mfd_hub.checkpoint import save_draft
 from mfd_hub.errors import MfdHubError
-from mfd_hub.train_checkpoint import MODEL_DIR, is_train_checkpoint, load_train_checkpoint
+from mfd_hub.recipes.train_checkpoint import MODEL_DIR, is_train_checkpoint, load_train_checkpoint
 
 from .common import dtype_name, record_conversion
 

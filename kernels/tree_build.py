@@ -30,37 +30,11 @@ This file is part of the remote-code bundle: torch only.
 
 import heapq
 from array import array
-from dataclasses import dataclass
 
 import torch
 
 from .backend import use_triton
-
-SCORE_SCALE = float(2**32)
-LOGPROB_FLOOR = -1024.0  # nats; quantised scores of one position lie in [-2^42, 0]
-NEG_SCORE = -(2**43)  # the score of a -inf log-probability: below every finite one
-
-
-@dataclass
-class DraftTree:
-    """A draft tree in DFS preorder. All tensors have N+1 entries (root first).
-
-    tokens: draft token ids (root: the anchor); parents: parent index (root: -1);
-    depths: 0 for the root; scores: int64 prefix scores (root 0); modes: the best mode of each
-    prefix (root -1, chains and product trees: the mode drafted).
-    """
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    scores: torch.Tensor
-    modes: torch.Tensor
-
-    @property
-    def num_nodes(self):
-        """Nodes excluding the root."""
-        return self.tokens.shape[0] - 1
-
+from .tree_format import LOGPROB_FLOOR, NEG_SCORE, SCORE_SCALE, DraftTree
 
 def quantize_logprobs(logprobs):
     """float log-probabilities -> int64 fixed point (exact sums, -inf -> NEG_SCORE).

@@ -31,7 +31,7 @@ This file is part of the remote-code bundle: torch only (triton through ``backen
 import torch
 
 from .backend import INTERPRETED, next_power_of_2, tl, triton
-from .tree_build import LOGPROB_FLOOR, NEG_SCORE, SCORE_SCALE, DraftTree
+from .tree_format import LOGPROB_FLOOR, NEG_SCORE, SCORE_SCALE, DraftTree
 
 ID_BITS = 19  # token ids in candidate keys
 TOKEN_BITS = 20  # (token id + 1) in packed paths: 3 per int64 word

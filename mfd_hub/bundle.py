@@ -13,7 +13,7 @@ import re
 import sys
 from importlib import resources
 
-from . import __version__
+from .version import __version__
 from .errors import MfdHubError
 
 AUTO_MAP = {

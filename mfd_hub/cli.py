@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from . import __version__
+from .version import __version__
 from .commands._common import examples
 from .errors import MfdHubError
 

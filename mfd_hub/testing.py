@@ -197,7 +197,7 @@ def save_tiny_target(folder, target, with_tokenizer=True):
 
 def tiny_registry_drafter(drafter, seed=1, **overrides):
     """A tiny random drafter with the identity the registry gives ``drafter`` (a
-    ``mfd_hub.registry.Drafter``): its K, block size, taps, target depth, mask id, vocabulary,
+    ``mfd_hub.cards.registry.Drafter``): its K, block size, taps, target depth, mask id, vocabulary,
     default path and target name, at a tiny width. ``overrides`` change identity fields."""
     identity = {**drafter.identity(), **overrides}
     target = tiny_target("qwen3", vocab_size=identity["vocab_size"], num_layers=identity["num_target_layers"])

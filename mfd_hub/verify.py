@@ -449,7 +449,7 @@ def check_target(ck):
 
 
 def check_remote_code(ck):
-    from . import __version__
+    from .version import __version__
     from .bundle import bundle_sources, bundle_version_of
 
     if ck.format == "zlab":

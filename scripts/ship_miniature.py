@@ -11,7 +11,8 @@ rendered from the checkpoint, that report and zoo/bench-humaneval.json.
 import sys
 from pathlib import Path
 
-from mfd_hub.miniature import SHIPPED_DRAFTERS, ship_drafter, write_shipped_card
+from mfd_hub.zoo.ship import ship_drafter, write_shipped_card
+from mfd_hub.zoo.shipped import SHIPPED_DRAFTERS
 
 RUNS = {"DFlash-SmolLM2-135M": "smollm2-dflash", "DPACE-SmolLM2-135M": "smollm2-dpace", "MFD-SmolLM2-135M": "smollm2-mfd"}
 

@@ -21,8 +21,8 @@ from conftest import NO_MFD_HUB, run_cli, run_python
 from mfd_hub import __version__, save_draft
 from mfd_hub.cli import cli
 from mfd_hub.errors import MfdHubError
-from mfd_hub.model_card import render_card
-from mfd_hub.registry import ENGINES, load_registry
+from mfd_hub.cards.model_card import render_card
+from mfd_hub.cards.registry import ENGINES, load_registry
 from mfd_hub.testing import save_tiny_target, tiny_registry_drafter, tiny_target
 
 SEEDS = Path(os.environ.get("MFD_HUB_SEEDS", Path(__file__).parent / "data" / "seeds"))

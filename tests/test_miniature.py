@@ -3,41 +3,77 @@
 import json
 
 import pytest
-from conftest import one_error_line, run_cli
-from mfd_hub.bench import load_prompt_set
+from conftest import NO_MFD_HUB, one_error_line, run_cli, run_python
 from mfd_hub.bundle import bundle_sources
-from mfd_hub.miniature import (
+from mfd_hub.zoo.bench import load_prompt_set
+from mfd_hub.zoo.ship import render_shipped_card
+from mfd_hub.zoo.shipped import (
     BENCH_RESULTS,
+    CARD,
+    HUB_FILES,
     SHIPPED_DRAFTERS,
     VERIFY_REPORT,
-    render_shipped_card,
     shipped_drafter_dir,
     zoo_dir,
+    zoo_folder,
 )
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_DRAFTERS))
 def test_shipped_drafter_is_complete_and_current(name):
-    folder = shipped_drafter_dir(name)
+    folder = zoo_folder(name)
+    # the zoo keeps weights, config, card and verify report: no copy of the remote code
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*HUB_FILES, VERIFY_REPORT])
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "mfd_dflash"
     assert config["target"]["vocab_size"] == 49152 and config["target"]["hidden_size"] == 576
     assert config["num_modes"] == (8 if name.startswith("MFD") else 0)
     training = config["mfd_metadata"]["training"]
     assert training["recipe"] == {"MFD": "smollm2-mfd", "DPACE": "smollm2-dpace", "DFlash": "smollm2-dflash"}[name.split("-")[0]]
-    # a small checkpoint, the bundle of this very version (else: scripts/ship_miniature.py)
-    assert (folder / "model.safetensors").stat().st_size < 32 * 2**20
-    for file, text in bundle_sources().items():
-        assert (folder / file).read_text() == text, f"{name}/{file} is stale: re-ship the drafter"
+    assert (folder / "model.safetensors").stat().st_size < 32 * 2**20  # a small checkpoint
     report = json.loads((folder / VERIFY_REPORT).read_text())
     assert report["ok"] and not [c for c in report["checks"] if c["status"] == "fail"]
     assert any(c["name"] == "spec-decoding" and c["status"] == "pass" for c in report["checks"])
     # the card is generated from what the zoo holds, never edited by hand
-    assert (folder / "README.md").read_text() == render_shipped_card(name)
+    assert (folder / CARD).read_text() == render_shipped_card(name)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_DRAFTERS))
+def test_loadable_folder_equals_a_hub_ready_export(name, tmp_path, monkeypatch):
+    """The folder handed out for a shipped drafter holds, byte for byte, what a Hub repo of it
+    holds: the checkpoint save_draft writes from the zoo's weights (bundle included) and the card."""
+    import torch
+
+    from mfd_hub import load_draft, save_draft
+
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
+    folder = shipped_drafter_dir(name)
+    assert folder.is_relative_to(tmp_path / "cache")
+    assert shipped_drafter_dir(name) == folder  # written once, then reused
+    export = save_draft(load_draft(zoo_folder(name)), tmp_path / "export", dtype=torch.bfloat16,
+                        extra_files={CARD: render_shipped_card(name)})
+    files = sorted(p.name for p in export.iterdir())
+    assert sorted(p.name for p in folder.iterdir()) == files
+    assert set(bundle_sources()) < set(files)
+    for file in files:
+        assert (folder / file).read_bytes() == (export / file).read_bytes(), file
+
+
+def test_shipped_drafter_loads_with_auto_model_without_mfd_hub(tmp_path):
+    folder = shipped_drafter_dir("MFD-SmolLM2-135M")
+    code = NO_MFD_HUB + f"""
+import torch
+from transformers import AutoModel
+model = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True, dtype=torch.float32)
+print(type(model).__name__, model.config.num_modes, tuple(model.mode_embed.shape))
+"""
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["DFlashDraftModel", "8", "(8,", "576)"]
 
 
 def test_fine_tunes_share_their_base_and_data():
-    configs = {n: json.loads((shipped_drafter_dir(n) / "config.json").read_text()) for n in SHIPPED_DRAFTERS}
+    configs = {n: json.loads((zoo_folder(n) / "config.json").read_text()) for n in SHIPPED_DRAFTERS}
     base = configs["DFlash-SmolLM2-135M"]["mfd_metadata"]["training"]
     runs = [configs[n]["mfd_metadata"]["training"] for n in ("MFD-SmolLM2-135M", "DPACE-SmolLM2-135M")]
     assert [c["mfd_metadata"]["earlier_training"][-1] for n, c in configs.items() if n != "DFlash-SmolLM2-135M"] == [base, base]
@@ -59,7 +95,7 @@ def test_benchmark_results_cover_the_acceptance_grid():
 def test_humaneval_is_not_in_the_training_prompts():
     import re
 
-    from mfd_hub.miniature import derive_training_prompts
+    from mfd_hub.zoo.prompts import derive_training_prompts
 
     humaneval = load_prompt_set("humaneval")
     assert len(humaneval) == 164 and humaneval[0][0] == "HumanEval/0"

@@ -14,8 +14,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from conftest import run_cli
-from mfd_hub.model_card import render_card
-from mfd_hub.registry import load_registry
+from mfd_hub.cards.model_card import render_card
+from mfd_hub.cards.registry import load_registry
 from test_cards import registry_checkpoint
 
 NAME = "MFD-Qwen3-8B"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from mfd_hub.regen import read_prompts, regenerate
+from mfd_hub.recipes.regen import read_prompts, regenerate
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_target, tiny_tokenizer
 
 PROMPTS = ["t3 t1 t4 t1 t5", "t9 t2 t6", "t5 t3 t5 t8 t9 t7", "t9 t3 t2", "t3 t8 t4 t6 t2 t6 t4"]
@@ -101,7 +101,7 @@ def test_openai_engine_command_equals_the_local_engine_and_resumes(setup, serve)
 
 
 def test_openai_engine_retokenizes_a_text_only_answer(setup, serve):
-    from mfd_hub.regen import OpenAIEngine
+    from mfd_hub.recipes.regen import OpenAIEngine
 
     root, _, tokenizer, local = setup
     _, endpoint = serve(with_ids=False)

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from conftest import run_cli
 from mfd_hub.cli import cli
 from mfd_hub.errors import MfdHubError
-from mfd_hub.train_config import load_recipe, packaged_recipes
-from mfd_hub.train_data import (
+from mfd_hub.recipes.config import load_recipe, packaged_recipes
+from mfd_hub.recipes.data import (
     FeatureStore,
     Sequence,
     TapExtractor,
@@ -26,7 +26,7 @@ from mfd_hub.train_data import (
     sample_anchors,
     step_sequences,
 )
-from mfd_hub.train_losses import (
+from mfd_hub.recipes.losses import (
     decay_weights,
     dflash_loss,
     dpace_loss,
@@ -146,7 +146,7 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
 # -- a tiny workspace: target, z-lab base, regenerated data ----------------------------------------
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    from mfd_hub.regen import regenerate
+    from mfd_hub.recipes.regen import regenerate
     from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target, tiny_tokenizer, write_zlab_checkpoint
 
     root = tmp_path_factory.mktemp("train")
@@ -181,7 +181,7 @@ def _metrics(run):
 def test_feature_store_holds_the_target_taps_and_is_reused(in_workspace, tmp_path):
     root, target = in_workspace
     from mfd_hub.testing import target_taps
-    from mfd_hub.trainer import Dist, _Log, prepare_features
+    from mfd_hub.recipes.trainer import Dist, _Log, prepare_features
 
     recipe = _tiny([f"data.features_dir={tmp_path / 'feats'}", "data.features_dtype=float32"])
     sequences, _ = load_sequences(recipe.data.train, recipe.data.max_length)
@@ -284,7 +284,7 @@ def test_recipe_errors_are_one_clear_line(in_workspace, tmp_path):
 # -- real runs -------------------------------------------------------------------------------------
 def test_tiny_recipe_trains_on_cpu_and_writes_contract_checkpoints(in_workspace):
     from mfd_hub import load_draft
-    from mfd_hub.train_checkpoint import is_train_checkpoint, load_train_checkpoint
+    from mfd_hub.recipes.train_checkpoint import is_train_checkpoint, load_train_checkpoint
     from mfd_hub.verify import verify_checkpoint
 
     root, _ = in_workspace
@@ -323,7 +323,7 @@ def test_tiny_recipe_trains_on_cpu_and_writes_contract_checkpoints(in_workspace)
 @pytest.fixture(scope="module")
 def reference_run(workspace):
     """The tiny recipe, uninterrupted, in one process (micro-batches of 2 sequences)."""
-    from mfd_hub.trainer import train
+    from mfd_hub.recipes.trainer import train
 
     root, _ = workspace
     cwd = os.getcwd()
@@ -336,14 +336,14 @@ def reference_run(workspace):
 
 
 def _final_weights(run):
-    from mfd_hub.train_checkpoint import load_train_checkpoint
+    from mfd_hub.recipes.train_checkpoint import load_train_checkpoint
 
     step = json.loads((run / "train_summary.json").read_text())["steps"]
     return load_train_checkpoint(run / "checkpoints" / f"step-{step:07d}").state_dict()
 
 
 def test_stop_and_resume_is_bit_exact(in_workspace, reference_run):
-    from mfd_hub.trainer import train
+    from mfd_hub.recipes.trainer import train
 
     recipe = _tiny(["output.dir=runs/resumed"])
     train(recipe, stop_after=6, verbose=False)
@@ -388,7 +388,7 @@ def test_scratch_dpace_with_a_draft_vocabulary(in_workspace):
     """A scratch drafter (no base), D-PACE, drafting over 24 of 64 tokens: targets outside the
     draft vocabulary are misses, the loss stays finite and falls, the head and d2t are exported."""
     from mfd_hub import load_draft
-    from mfd_hub.trainer import train
+    from mfd_hub.recipes.trainer import train
 
     overrides = ["output.dir=runs/scratch", "drafter.base=scratch", "drafter.num_modes=0", "loss.type=dpace",
                  "drafter.target_layer_ids=[0, 2]", "drafter.mask_token_id=63", "drafter.block_size=8",
@@ -410,7 +410,7 @@ def test_scratch_dpace_with_a_draft_vocabulary(in_workspace):
 
 def test_mfd_d_trains_the_default_path_and_dflash_loss_runs(in_workspace):
     from mfd_hub import load_draft
-    from mfd_hub.trainer import train
+    from mfd_hub.recipes.trainer import train
 
     summary = train(_tiny(["output.dir=runs/mfd-d", "drafter.default_path=true", "train.max_steps=4",
                            "output.save_every=0"]), verbose=False)
@@ -424,7 +424,7 @@ def test_mfd_d_trains_the_default_path_and_dflash_loss_runs(in_workspace):
 
 def test_bases_zlab_with_new_modes_and_mfd_as_they_are(in_workspace, reference_run):
     from mfd_hub import load_draft
-    from mfd_hub.trainer import build_drafter
+    from mfd_hub.recipes.trainer import build_drafter
 
     root, target = in_workspace
     sequences, _ = load_sequences("tiny-data.jsonl", 64)

@@ -1,2 +1,3 @@
-"""Drafters shipped with mfd-hub: the SmolLM2-135M miniature's checkpoints (one folder each,
-with their model cards and verify reports). ``mfd_hub.miniature.shipped_drafter_dir`` finds them."""
+"""The SmolLM2-135M miniature: the shipped drafters (weights, config, card, verify report) and the
+code around them -- the training prompts (``prompts``), the loadable folders (``shipped``),
+``mfd-hub demo`` (``demo``), ``mfd-hub bench`` (``bench``) and shipping (``ship``)."""

@@ -51,7 +51,7 @@ def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, temperatu
     time per stage, the share of tree nodes that are chimeras, and the target probability mass
     the tree covers per depth; at T = 0 every output is also checked against plain decoding.
     """
-    from ..bench import run_bench_command
+    from ..zoo.bench import run_bench_command
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = sorted(set(method_list) - {"chain", "product", "mixture"})

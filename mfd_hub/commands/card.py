@@ -43,8 +43,8 @@ def write_text_atomically(dest, text):
 def card(name, path, repo_id, out):
     """Render the model card of drafter NAME (see 'mfd-hub list') as README.md markdown."""
     from ..describe import checkpoint_config
-    from ..model_card import render_card
-    from ..registry import load_registry
+    from ..cards.model_card import render_card
+    from ..cards.registry import load_registry
 
     registry = load_registry()
     drafter = registry.get(name)

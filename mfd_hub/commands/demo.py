@@ -30,7 +30,7 @@ def demo(prompt, drafter, budget, max_new_tokens, as_json):
     plain decoding, a chain, a product tree and a mixture tree, checks that all four outputs are
     token-identical, and prints tau and the speedup of each over plain decoding.
     """
-    from ..miniature import run_demo
+    from ..zoo.demo import run_demo
 
     result = run_demo(prompt, drafter=drafter, budget=budget, max_new_tokens=max_new_tokens,
                       log=None if as_json else lambda line: click.echo(line, err=True))

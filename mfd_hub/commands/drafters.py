@@ -15,7 +15,7 @@ from ._common import emit_json, examples
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (every field, every figure).")
 def list_drafters(as_json):
     """List the ten published drafters: target, base, data, modes and the paper's figures."""
-    from ..registry import load_registry
+    from ..cards.registry import load_registry
 
     registry = load_registry()
     if as_json:

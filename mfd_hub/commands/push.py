@@ -45,7 +45,7 @@ def push(name, path, repo_id, revision, tag, private, dry_run, as_json):
     """Verify drafter NAME's checkpoint, render its card and publish both in one commit."""
     from huggingface_hub import constants, get_token
 
-    from ..push import execute, plan_push
+    from ..cards.push import execute, plan_push
 
     if not dry_run:
         if constants.is_offline_mode():

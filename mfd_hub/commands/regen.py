@@ -41,7 +41,7 @@ def regen(target_spec, prompts_path, out_path, temperature, top_p, top_k, max_ne
     from tqdm import tqdm
 
     from ..errors import UsageError
-    from ..regen import OpenAIEngine, finished_ids, read_prompts, regenerate
+    from ..recipes.regen import OpenAIEngine, finished_ids, read_prompts, regenerate
     from ..targets import load_target, load_tokenizer
 
     if (engine == "openai") != (endpoint is not None):

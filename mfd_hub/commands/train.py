@@ -30,7 +30,7 @@ def train(recipe, overrides, list_recipes, check, resume, stop_after, as_json):
     torchrun to train on several GPUs (FSDP2) or CPU processes (gloo).
     """
     from ..errors import UsageError
-    from ..train_config import load_recipe, packaged_recipes
+    from ..recipes.config import load_recipe, packaged_recipes
 
     if list_recipes:
         names = sorted(packaged_recipes())
@@ -50,7 +50,7 @@ def train(recipe, overrides, list_recipes, check, resume, stop_after, as_json):
         else:
             click.echo(yaml.safe_dump(loaded.to_dict(), sort_keys=False).rstrip())
         return
-    from ..trainer import train as run
+    from ..recipes.trainer import train as run
 
     summary = run(loaded, resume=resume, stop_after=stop_after, verbose=not as_json)
     if summary is None:

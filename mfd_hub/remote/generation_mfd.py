@@ -24,7 +24,7 @@ import torch
 from ..kernels.accept import accept_walk
 from ..kernels.tree_attention import ancestor_mask
 from ..kernels.tree_build import build_chain, draft_candidates, draft_tree
-from .modeling_mfd import DraftContextCache
+from .context_mfd import DraftContextCache
 from .sampling_mfd import check_sampling, next_tokens
 from .targets_mfd import make_verifier
 

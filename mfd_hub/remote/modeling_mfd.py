@@ -20,6 +20,7 @@ from transformers.utils import ModelOutput
 
 from ..kernels.mode_attention import mode_attention
 from .configuration_mfd import DFlashConfig
+from .context_mfd import DraftContextCache
 
 
 class DFlashRMSNorm(nn.Module):
@@ -118,24 +119,6 @@ class DFlashDecoderLayer(nn.Module):
     def forward(self, x, ctx_k, ctx_v, cos, sin, ctx_visible, blk_visible):
         x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, ctx_visible, blk_visible)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DraftContextCache:
-    """The drafter's context between rounds: per-layer keys/values of committed positions only.
-
-    Keys are stored after k_norm and RoPE, so a round only projects the positions it adds. All
-    modes share these tensors (no K-fold copy).
-    """
-
-    def __init__(self):
-        self.keys = []  # per layer [B, Hkv, C, D]
-        self.values = []
-        self.positions = None  # [B, C] absolute positions
-        self.last_feature = None  # [B, H] projected feature of the newest position (gate input)
-
-    @property
-    def length(self):
-        return 0 if self.positions is None else self.positions.shape[1]
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""The layout itself: no import circle between modules, the remote code in one place."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# where each installed package's sources live (pyproject's package-dir)
+PACKAGE_DIRS = {
+    "mfd_hub": "mfd_hub", "mfd_hub.kernels": "kernels", "mfd_hub.converters": "converters",
+    "mfd_hub.cards": "cards", "mfd_hub.recipes": "recipes", "mfd_hub.zoo": "zoo",
+}
+
+
+def _modules():
+    """{module name: source path} for every module of the installed packages."""
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted((REPO / folder).glob("*.py")):
+            modules[package if path.name == "__init__.py" else f"{package}.{path.stem}"] = path
+        for sub in sorted((REPO / folder).iterdir()):
+            if sub.is_dir() and (sub / "__init__.py").is_file() and f"{package}.{sub.name}" not in PACKAGE_DIRS:
+                for path in sorted(sub.glob("*.py")):
+                    name = f"{package}.{sub.name}"
+                    modules[name if path.name == "__init__.py" else f"{name}.{path.stem}"] = path
+    return modules
+
+
+def import_graph(modules):
+    """{module: set of modules it imports}, from every import statement (lazy ones inside
+    functions included: a circle through a function-level import is still a circle)."""
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    anchor = ".".join(parts[: len(parts) - node.level + 1])
+                    base = f"{anchor}.{base}" if base else anchor
+                # `from package import submodule` imports the submodule
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            else:
+                continue
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def find_circle(graph):
+    """One import circle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_there_is_no_import_circle():
+    modules = _modules()
+    assert "mfd_hub.remote.generation_mfd" in modules and "mfd_hub.zoo.bench" in modules
+    circle = find_circle(import_graph(modules))
+    assert circle is None, " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_circle(graph) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_remote_code_has_one_home():
+    """Only mfd_hub/remote and kernels hold the remote code; no folder in the repository carries
+    a generated copy of it (a file with the bundle's provenance header)."""
+    from mfd_hub.bundle import HEADER_PREFIX
+
+    copies = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts and ".git" not in p.parts
+              and p.read_text(encoding="utf-8", errors="replace").startswith(HEADER_PREFIX)]
+    assert not copies, copies
+    assert not list((REPO / "zoo").rglob("*/*.py")), "a shipped drafter folder holds code"

@@ -1,0 +1,287 @@
+"""Benchmarks of speculative decoding, measured side by side in one process.
+
+For every prompt, plain decoding (transformers ``generate``) and each speculative configuration
+run back to back, so a speedup is a ratio of times taken under the same machine conditions.
+Per configuration: tau, tokens/s, speedup over plain decoding, time per stage, and two views of
+where the tree's budget goes (from the target's own probabilities at verify time):
+
+- chimera share: nodes the target essentially never says: some step on the node's path has
+  target probability below ``RARE`` (1%). A product tree that splices two futures fills up with
+  such prefixes; DESIGN §1 / the paper report 27-33% of a 64-node product tree.
+- mass per depth: the target probability of the tree's prefixes at each depth, summed
+  (the expected number of tokens a tree accepts is the mass it covers).
+
+At temperature 0 every speculative output is also checked against plain decoding.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mfd_hub.errors import MfdHubError
+
+RARE = 0.01
+
+
+@dataclass
+class RunStats:
+    """Accumulated over the prompts of one (drafter, method, budget, temperature) cell."""
+
+    drafter: str
+    method: str
+    budget: int
+    temperature: float
+    tokens: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+    plain_tokens: int = 0
+    stage_seconds: dict = field(default_factory=dict)
+    nodes: int = 0
+    rare_last_step: int = 0
+    chimeras: int = 0
+    mass_by_depth: dict = field(default_factory=dict)
+    nodes_by_depth: dict = field(default_factory=dict)
+    mismatches: int = 0
+    prompts: int = 0
+    tokens_accepted: int = 0
+
+    def row(self):
+        tau = self.tokens_accepted / self.rounds if self.rounds else float("nan")
+        speed = self.tokens / self.seconds if self.seconds else float("nan")
+        plain = self.plain_tokens / self.plain_seconds if self.plain_seconds else float("nan")
+        depths = sorted(self.mass_by_depth)
+        return {
+            "drafter": self.drafter,
+            "method": self.method,
+            "budget": self.budget,
+            "temperature": self.temperature,
+            "prompts": self.prompts,
+            "tau": tau,
+            "tokens_per_second": speed,
+            "plain_tokens_per_second": plain,
+            "speedup": speed / plain if plain == plain and plain > 0 else float("nan"),
+            "stage_seconds_per_round": {k: v / max(1, self.rounds) for k, v in self.stage_seconds.items()},
+            "chimera_share": self.chimeras / self.nodes if self.nodes else None,
+            "rare_last_step_share": self.rare_last_step / self.nodes if self.nodes else None,
+            "mass_per_depth": {d: self.mass_by_depth[d] / max(1, self.rounds) for d in depths},
+            "mismatches": self.mismatches,
+        }
+
+
+def _tree_coverage(stats, tree, tokens, logits, temperature):
+    """Fold one round's tree into ``stats``: target probability of every node's last step."""
+    probs = torch.softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    parents = tree.parents
+    n = parents.shape[0]
+    step = torch.ones(n, dtype=torch.float64)
+    step[1:] = probs[parents[1:], tokens[1:]].double()
+    path_prob = step.clone()
+    rare_on_path = torch.zeros(n, dtype=torch.bool)
+    rare_on_path[1:] = step[1:] < RARE
+    for i in range(1, n):  # parents precede children
+        p = int(parents[i])
+        path_prob[i] = path_prob[p] * step[i]
+        rare_on_path[i] |= bool(rare_on_path[p])
+    depths = tree.depths.tolist()
+    for i in range(1, n):
+        d = depths[i]
+        stats.mass_by_depth[d] = stats.mass_by_depth.get(d, 0.0) + float(path_prob[i])
+        stats.nodes_by_depth[d] = stats.nodes_by_depth.get(d, 0) + 1
+    stats.nodes += n - 1
+    stats.rare_last_step += int((step[1:] < RARE).sum())
+    stats.chimeras += int(rare_on_path[1:].sum())
+
+
+def plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed):
+    """Plain decoding with transformers' generate -> (new token ids, seconds)."""
+    from mfd_hub.targets import greedy_decode
+
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    if temperature == 0:
+        new = greedy_decode(target, ids, max_new_tokens, stop_ids=stop_ids)
+    else:
+        out = target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=True,
+            temperature=temperature, top_k=0, top_p=1.0, eos_token_id=stop_ids or None, pad_token_id=0,
+        )
+        new = out[0, ids.shape[1] :].tolist()
+    return new, time.perf_counter() - start
+
+
+def methods_for(draft, methods):
+    """The methods a drafter can run: the mixture needs modes (K > 0)."""
+    return [m for m in methods if m != "mixture" or draft.config.num_modes > 0]
+
+
+def cells_per_prompt(drafters, methods, budgets):
+    return sum(len(budgets) if m != "chain" else 1 for d in drafters.values() for m in methods_for(d, methods))
+
+
+def run_benchmark(target, stop_ids, encoded_prompts, drafters, methods, budgets, temperatures,
+                  max_new_tokens=128, seed=0, progress=None):
+    """encoded_prompts: list of [1, L] id tensors; drafters: {label: DFlashDraftModel}.
+    Returns the list of result rows (one per drafter x method x budget x temperature)."""
+    cells = {}
+    for temperature in temperatures:
+        for index, ids in enumerate(encoded_prompts):
+            plain_tokens, plain_seconds = plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed + index)
+            for label, draft in drafters.items():
+                for method in methods_for(draft, methods):
+                    for budget in budgets if method != "chain" else [min(budgets)]:
+                        key = (label, method, budget, temperature)
+                        stats = cells.setdefault(key, RunStats(label, method, budget, temperature))
+
+                        def on_round(tree, tokens, logits, path, stats=stats, method=method):
+                            if method != "chain":
+                                _tree_coverage(stats, tree, tokens, logits, temperature)
+
+                        out = draft.spec_generate(
+                            target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                            stop_token_ids=stop_ids, method=method, tree_budget=budget, on_round=on_round,
+                            generator=torch.Generator().manual_seed(seed + index),
+                        )
+                        stats.prompts += 1
+                        stats.tokens += len(out.new_tokens)
+                        stats.tokens_accepted += sum(out.acceptance_lengths)
+                        stats.rounds += out.rounds
+                        stats.seconds += out.seconds
+                        stats.plain_seconds += plain_seconds
+                        stats.plain_tokens += len(plain_tokens)
+                        for k, v in out.stage_seconds.items():
+                            stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+                        if temperature == 0 and out.new_tokens != plain_tokens:
+                            stats.mismatches += 1
+                        if progress is not None:
+                            progress(1)
+    return [cell.row() for cell in cells.values()]
+
+
+def markdown_table(rows):
+    header = "| drafter | method | B | T | tau | speedup | tok/s | plain tok/s | chimera share | mismatches |"
+    lines = [header, "|" + "---|" * 10]
+    for r in rows:
+        chim = "" if r["chimera_share"] is None else f"{100 * r['chimera_share']:.1f}%"
+        lines.append(
+            f"| {r['drafter']} | {r['method']} | {r['budget']} | {r['temperature']:g} | {r['tau']:.2f} | "
+            f"{r['speedup']:.2f}x | {r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} | {chim} | "
+            f"{r['mismatches']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(rows, out_dir, meta):
+    """results.json, results.md and PNG plots (speedup and tau against budget, per method; only
+    with matplotlib installed, the ``plots`` extra) -> the names written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (out_dir / "results.md").write_text(markdown_table(rows))
+    written = ["results.json", "results.md"]
+    try:
+        import matplotlib
+    except ImportError:
+        return written + ["(no plots: pip install matplotlib)"]
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for metric in ("speedup", "tau"):
+        for temperature in sorted({r["temperature"] for r in rows}):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for (label, method) in sorted({(r["drafter"], r["method"]) for r in rows}):
+                pts = sorted(
+                    (r["budget"], r[metric]) for r in rows
+                    if r["drafter"] == label and r["method"] == method and r["temperature"] == temperature
+                )
+                style = "--" if method == "chain" else "-"
+                if method == "chain":
+                    xs = sorted({r["budget"] for r in rows if r["method"] != "chain"}) or [pts[0][0]]
+                    ax.plot(xs, [pts[0][1]] * len(xs), style, label=f"{label} {method}")
+                else:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{label} {method}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("tree budget B")
+            ax.set_ylabel(metric)
+            ax.set_title(f"{metric} vs budget (T={temperature:g})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            name = f"{metric}_T{temperature:g}.png"
+            fig.tight_layout()
+            fig.savefig(out_dir / name, dpi=110)
+            plt.close(fig)
+            written.append(name)
+    return written
+
+
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n"
+
+
+def load_prompt_set(spec, limit=None):
+    """``humaneval`` (the built-in held-out set, asked as an instruction) or a JSON Lines file
+    -> list of (id, prompt text)."""
+    from .prompts import humaneval_prompts
+    from mfd_hub.recipes.regen import read_prompts
+
+    if spec == "humaneval":
+        prompts = [(task, HUMANEVAL_INSTRUCTION + text) for task, text in humaneval_prompts()]
+    else:
+        prompts = read_prompts(spec)
+    if not prompts:
+        raise MfdHubError(f"no prompts in {spec}")
+    return prompts[:limit] if limit else prompts
+
+
+def drafter_label(spec):
+    """A short name for a drafter in tables: the folder's name (its run's name for a run's final/)."""
+    path = Path(str(spec))
+    return f"{path.parent.name}/{path.name}" if path.name == "final" and path.parent.name else path.name
+
+
+def default_drafters(target_spec):
+    from mfd_hub.targets import is_smollm2
+
+    if is_smollm2(target_spec):
+        return ["MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"]
+    raise MfdHubError(f"name the drafters to measure against {target_spec} with --drafter")
+
+
+def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None):
+    """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta)."""
+    from tqdm import tqdm
+
+    from mfd_hub.checkpoint import load_draft
+    from .shipped import SHIPPED_DRAFTERS, drafter_folder
+    from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
+
+    prompts = load_prompt_set(prompt_spec, limit)
+    drafters = {}
+    for spec in drafter_specs or default_drafters(target_spec):
+        # shipped names and folders here; anything else is a Hub id that load_draft downloads
+        folder = drafter_folder(spec) if spec in SHIPPED_DRAFTERS or Path(spec).exists() else spec
+        if log:
+            log(f"loading drafter {spec}")
+        drafters[drafter_label(spec)] = load_draft(str(folder))
+    if log:
+        log(f"loading target {target_spec}")
+    target, tokenizer = load_target(target_spec)
+    if tokenizer is None:
+        raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
+    stops = stop_ids_of(tokenizer, target)
+    encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
+    total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
+    with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
+        rows = run_benchmark(target, stops, encoded, drafters, methods, budgets, temperatures,
+                             max_new_tokens=max_new_tokens, seed=seed, progress=bar.update)
+    meta = {
+        "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
+        "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
+        "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
+        "device": str(target.device),
+    }
+    files = write_outputs(rows, out_dir, meta)
+    return {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

@@ -1,0 +1,61 @@
+"""Shipping a trained drafter into ``zoo/`` (maintainers: ``scripts/ship_miniature.py``).
+
+A run's ``final/`` drafter is saved in bf16, verified against the SmolLM2 target as the full
+checkpoint a user would load (bundle included), and then only what the zoo keeps is copied in:
+weights, config, the verify report and the generated card.
+"""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from mfd_hub.errors import MfdHubError
+
+from .shipped import BENCH_RESULTS, CARD, SHIPPED_DRAFTERS, VERIFY_REPORT, zoo_dir, zoo_folder
+
+
+def render_shipped_card(name):
+    """The card of a shipped drafter from what the zoo holds: its checkpoint, its verify report and
+    the miniature's benchmark results (when present)."""
+    from mfd_hub.cards.model_card import render_miniature_card
+
+    folder = zoo_folder(name)
+    report = folder / VERIFY_REPORT
+    bench = zoo_dir() / BENCH_RESULTS
+    return render_miniature_card(
+        folder, SHIPPED_DRAFTERS[name] + ".",
+        bench=json.loads(bench.read_text(encoding="utf-8")) if bench.is_file() else None,
+        verify_report=json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None,
+    )
+
+
+def ship_drafter(trained, name, log=print):
+    """Copy a trained drafter (a run's ``final/``) into zoo/NAME in bf16, verify it against the
+    SmolLM2 target, and write its verify report and card beside it."""
+    import torch
+
+    from mfd_hub.checkpoint import load_draft, save_draft
+    from mfd_hub.verify import verify_checkpoint
+
+    if name not in SHIPPED_DRAFTERS:
+        raise MfdHubError(f"{name} is not one of the shipped drafters: {', '.join(SHIPPED_DRAFTERS)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        full = save_draft(load_draft(trained), Path(scratch) / name, dtype=torch.bfloat16)
+        report = verify_checkpoint(full, target="smollm2",
+                                   listener=lambda c: log(f"  {c.status:<4} {c.name}: {c.reason}"))
+        if not report.ok:
+            raise MfdHubError(f"{name} failed verification: {report.failures()[0].reason}")
+        folder = zoo_dir() / name
+        folder.mkdir(exist_ok=True)
+        for file in ("config.json", "model.safetensors"):
+            shutil.copyfile(full / file, folder / file)
+    report.path = name
+    (folder / VERIFY_REPORT).write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+    write_shipped_card(name)
+    return folder
+
+
+def write_shipped_card(name):
+    folder = zoo_dir() / name
+    (folder / CARD).write_text(render_shipped_card(name), encoding="utf-8")
