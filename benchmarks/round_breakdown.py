@@ -82,6 +82,36 @@ def instrument(clock, drafter):
     return undo
 
 
+def measure_rounds(drafter, target, ids, method, budget, tokens, device, mode=0):
+    """One warm-up, then one instrumented ``spec_generate`` -> per-round figures: ``rounds``,
+    ``tau``, ``parts`` (ms a round for each of PARTS), ``round_ms`` (the decoding loop's time a
+    round, prefill excluded) and ``outside`` (the share of a round spent outside the target's
+    verify forward). benchmarks/gpu_check.py reuses it on a Qwen3-8B-shaped target."""
+    drafter.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, mode=mode)  # warm-up
+    clock = PartClock(device)
+    undo = instrument(clock, drafter)
+    try:
+        clock.sync()
+        started = time.perf_counter()
+        out = drafter.spec_generate(target, ids, max_new_tokens=tokens, method=method, tree_budget=budget, mode=mode)
+        clock.sync()
+        total = time.perf_counter() - started
+    finally:
+        undo()
+    loop = total - out.stage_seconds["prefill"]
+    parts = dict(clock.seconds)
+    parts["rest"] = loop - sum(parts.values())
+    per_round = {p: 1e3 * parts.get(p, 0.0) / out.rounds for p in PARTS}
+    round_ms = 1e3 * loop / out.rounds
+    return {
+        "rounds": out.rounds,
+        "tau": out.tau,
+        "parts": per_round,
+        "round_ms": round_ms,
+        "outside": 1 - per_round["target verify"] / round_ms,
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -102,25 +132,9 @@ def main(argv=None):
     print(f"{'method':8} {'B':>4} {'rounds':>6} {'tau':>5} | " + " ".join(f"{p:>13}" for p in PARTS) + f" | {'round':>7} {'non-target':>10}")
     for method in ("chain", "product", "mixture"):
         budget = 15 if method == "chain" else args.budget
-        drafter.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, mode=0)  # warm-up
-        clock = PartClock(device)
-        undo = instrument(clock, drafter)
-        try:
-            clock.sync()
-            started = time.perf_counter()
-            out = drafter.spec_generate(target, ids, max_new_tokens=args.tokens, method=method, tree_budget=budget, mode=0)
-            clock.sync()
-            total = time.perf_counter() - started
-        finally:
-            undo()
-        loop = total - out.stage_seconds["prefill"]
-        parts = dict(clock.seconds)
-        parts["rest"] = loop - sum(parts.values())
-        per_round = {p: 1e3 * parts.get(p, 0.0) / out.rounds for p in PARTS}
-        round_ms = 1e3 * loop / out.rounds
-        outside = 1 - per_round["target verify"] / round_ms
-        print(f"{method:8} {budget:>4} {out.rounds:>6} {out.tau:>5.2f} | " + " ".join(f"{per_round[p]:>13.3f}" for p in PARTS)
-              + f" | {round_ms:>7.2f} {outside:>9.1%}")
+        m = measure_rounds(drafter, target, ids, method, budget, args.tokens, device)
+        print(f"{method:8} {budget:>4} {m['rounds']:>6} {m['tau']:>5.2f} | " + " ".join(f"{m['parts'][p]:>13.3f}" for p in PARTS)
+              + f" | {m['round_ms']:>7.2f} {m['outside']:>9.1%}")
     set_kernel_backend(None)
 
 

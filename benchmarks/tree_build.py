@@ -28,16 +28,17 @@ VOCAB = 151_936
 POSITIONS = 15
 
 
-def synthetic_logits(modes, seed=0, device="cpu"):
-    """Drafter-like logits: noise plus a few confident tokens per position; half of each mode's
-    favourites are shared with the other modes (the modes agree on some futures, not all)."""
+def synthetic_logits(modes, seed=0, device="cpu", vocab=VOCAB, positions=POSITIONS):
+    """Drafter-like logits [modes, positions, vocab]: noise plus a few confident tokens per
+    position; half of each mode's favourites are shared with the other modes (the modes agree on
+    some futures, not all). benchmarks/gpu_check.py uses other vocabularies and depths."""
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(modes, POSITIONS, VOCAB, generator=g) * 2
-    shared = torch.randint(0, VOCAB, (POSITIONS, 3), generator=g)
-    rows = torch.arange(POSITIONS)
+    logits = torch.randn(modes, positions, vocab, generator=g) * 2
+    shared = torch.randint(0, vocab, (positions, 3), generator=g)
+    rows = torch.arange(positions)
     for k in range(modes):
-        own = torch.randint(0, VOCAB, (POSITIONS, 3), generator=g)
-        pick = torch.where(torch.rand(POSITIONS, 1, generator=g) < 0.5, shared, own)
+        own = torch.randint(0, vocab, (positions, 3), generator=g)
+        pick = torch.where(torch.rand(positions, 1, generator=g) < 0.5, shared, own)
         for rank, boost in enumerate((14.0, 12.0, 11.0)):
             logits[k, rows, pick[:, rank]] += boost
     return logits.to(device)

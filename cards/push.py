@@ -241,12 +241,16 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
 
     from mfd_hub.cards.model_card import render_card
     from mfd_hub.cards.registry import load_registry
+    from mfd_hub.checkpoint import resolve_drafter
 
     registry = registry or load_registry()
     drafter = registry.get(name)
-    folder = Path(path) if path else Path(name)
-    if not folder.is_dir():
-        raise UsageError(f"{folder} is not a checkpoint folder (pass --path)")
+    if path:
+        folder = resolve_drafter(path)  # a folder, a Hub repo id or a shipped drafter's name
+    else:
+        folder = Path(name)
+        if not folder.is_dir():
+            raise UsageError(f"{folder} is not a checkpoint folder (pass --path)")
     repo_id = repo_id or drafter.repo_id
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise UsageError(f"--repo-id must be owner/name, not {repo_id!r}")

@@ -15,13 +15,12 @@ end a response); the mask token is an input-side token (embedded with the target
 embedding) and gets no slot unless the corpus really contains it.
 """
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 
-from mfd_hub.checkpoint import load_draft, resolve_checkpoint_dir, save_draft
+from mfd_hub.checkpoint import load_draft, resolve_drafter, save_draft
 from mfd_hub.errors import MfdHubError, UsageError
 
 from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype
@@ -52,12 +51,16 @@ def _record_tokens(record, field, tokenizer, where):
 def count_token_frequencies(corpus, vocab_size, field=None, tokenizer=None, progress=None):
     """Token counts over a JSON Lines response corpus -> (counts int64 [V], number of records).
 
-    A record is a JSON object (its ``field``, else the first of response_ids / token_ids /
-    input_ids / ids, or a text field response / text / completion tokenised with ``tokenizer``),
-    a bare list of ids, or a bare string. ``progress`` is called with bytes read.
+    The corpus is a JSON Lines file, a .jsonl.gz file or a regen folder of shards (read by
+    ``mfd_hub.recipes.regen.record_lines``). A record is a JSON object (its ``field``, else the
+    first of response_ids / token_ids / input_ids / ids, or a text field response / text /
+    completion tokenised with ``tokenizer``), a bare list of ids, or a bare string. ``progress``
+    is called with bytes read (uncompressed).
     """
+    from mfd_hub.recipes.regen import record_lines
+
     corpus = Path(corpus)
-    if not corpus.is_file():
+    if not corpus.exists():
         raise MfdHubError(f"corpus {corpus} not found")
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     buffer, records = [], 0
@@ -67,24 +70,22 @@ def count_token_frequencies(corpus, vocab_size, field=None, tokenizer=None, prog
             counts.add_(torch.bincount(torch.tensor(buffer, dtype=torch.int64), minlength=vocab_size))
             buffer.clear()
 
-    with corpus.open("rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            if progress is not None:
-                progress(len(raw))
-            if not raw.strip():
-                continue
-            where = f"{corpus}:{number}"
-            try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise MfdHubError(f"{where}: not a JSON line") from None
-            ids = _record_tokens(record, field, tokenizer, where)
-            if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
-                raise MfdHubError(f"{where}: token id {max(ids) if max(ids) >= vocab_size else min(ids)} is outside the vocabulary of {vocab_size}")
-            buffer.extend(ids)
-            records += 1
-            if len(buffer) >= _FLUSH_TOKENS:
-                flush()
+    for _, where, raw in record_lines(corpus):
+        if progress is not None:
+            progress(len(raw))
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise MfdHubError(f"{where}: not a JSON line") from None
+        ids = _record_tokens(record, field, tokenizer, where)
+        if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+            raise MfdHubError(f"{where}: token id {max(ids) if max(ids) >= vocab_size else min(ids)} is outside the vocabulary of {vocab_size}")
+        buffer.extend(ids)
+        records += 1
+        if len(buffer) >= _FLUSH_TOKENS:
+            flush()
     flush()
     if records == 0 or int(counts.sum()) == 0:
         raise MfdHubError(f"corpus {corpus} holds no tokens")
@@ -146,10 +147,11 @@ def convert_draft_vocab(source, out, target, corpus, size, field=None, tokenizer
     tokens and (for text corpora) its tokenizer. tokenizer: another tokenizer folder for text.
     dtype: the output's weight dtype (None: the source's). Returns a summary dict.
     """
+    from mfd_hub.recipes.regen import files_digest
     from mfd_hub.targets import target_config, target_lm_head, target_tokenizer_and_stops
 
     log = log or (lambda message: None)
-    folder = resolve_checkpoint_dir(str(source))
+    folder = resolve_drafter(source)
     drafter = load_draft(folder, dtype=torch.float32)
     config = drafter.config
     tconfig = target_config(str(target))
@@ -174,7 +176,7 @@ def convert_draft_vocab(source, out, target, corpus, size, field=None, tokenizer
     log(f"reading the target's LM head ({target}) ...")
     reduced = reduce_vocabulary(drafter, target_lm_head(str(target)), keep)
     out_dtype = dtype or stored_float_dtype(folder)
-    digest = hashlib.sha256(Path(corpus).read_bytes()).hexdigest()
+    digest = files_digest(corpus)  # of the corpus file itself; of its shards in order for a folder
     summary = {
         "draft_vocab_size": int(keep.numel()), "requested_size": size, "corpus": str(corpus), "corpus_sha256": digest,
         "records": records, "tokens": total, "distinct_tokens": int((counts > 0).sum()), "coverage": round(coverage, 6),

@@ -14,7 +14,7 @@ The choice is recorded in ``mfd_metadata['default_path_init']``; training then r
 
 import torch
 
-from mfd_hub.checkpoint import load_draft, resolve_checkpoint_dir, save_draft
+from mfd_hub.checkpoint import load_draft, resolve_drafter, save_draft
 from mfd_hub.errors import MfdHubError, UsageError
 
 from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype
@@ -48,7 +48,7 @@ def default_vector(drafter, kind, index):
 def convert_mfd_d(source, out, default_from="zeros", dtype=None, max_shard_size="5GB", overwrite=False):
     """Write ``source``'s drafter with a default path (MFD-D) at ``out``; returns a summary dict."""
     kind, index = parse_default_from(default_from)
-    folder = resolve_checkpoint_dir(str(source))
+    folder = resolve_drafter(source)
     drafter = load_draft(folder, dtype=torch.float32)
     if drafter.config.default_path:
         raise MfdHubError(f"{source} is already an MFD-D drafter (it has a default path)")

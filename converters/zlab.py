@@ -10,7 +10,7 @@ arguments give the same checkpoint.
 
 import torch
 
-from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, resolve_checkpoint_dir, save_draft
+from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, resolve_drafter, save_draft
 from mfd_hub.errors import MfdHubError, UsageError
 
 from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype
@@ -32,7 +32,7 @@ def convert_zlab(source, out, num_modes=8, seed=0, mode_std=None, gate_std=None,
     """
     if num_modes < 0:
         raise UsageError("--modes must be >= 0")
-    folder = resolve_checkpoint_dir(str(source), revision)
+    folder = resolve_drafter(source, revision)
     if checkpoint_format(read_config_dict(folder)) != "zlab":
         raise MfdHubError(f"{source} is already an mfd-hub checkpoint, not a z-lab DFlash one")
     source_dtype = stored_float_dtype(folder)

@@ -133,7 +133,8 @@ def build_chain(top_ids, anchor, length=None, mode=0):
     """The argmax path of one mode: top_ids [L, >=1] -> DraftTree with min(L, length) nodes."""
     depth = top_ids.shape[0] if length is None else min(length, top_ids.shape[0])
     device = top_ids.device
-    tokens = torch.cat([torch.as_tensor([anchor], device=device), top_ids[:depth, 0]])
+    # torch.full passes the anchor as a kernel argument: unlike a copy of a host list, no sync
+    tokens = torch.cat([torch.full((1,), int(anchor), dtype=top_ids.dtype, device=device), top_ids[:depth, 0]])
     steps = torch.arange(depth + 1, device=device)
     return DraftTree(
         tokens=tokens,

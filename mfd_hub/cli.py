@@ -2,17 +2,20 @@
 
 ``main`` is the one place that turns errors into output: a known error (``MfdHubError``, a click
 usage error) becomes one ``error: ...`` line on stderr and a non-zero exit code; anything
-unexpected becomes one ``internal error`` line (``MFD_HUB_DEBUG=1`` shows the traceback).
+unexpected becomes one ``internal error`` line (``MFD_HUB_DEBUG=1`` shows the traceback). A
+``DrafterNameNote`` (a drafter name resolved by the ambiguity rule) becomes one ``note: ...`` line.
 """
 
+import contextlib
 import os
 import sys
+import warnings
 
 import click
 
 from .version import __version__
 from .commands._common import examples
-from .errors import MfdHubError
+from .errors import DrafterNameNote, MfdHubError
 
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
@@ -27,12 +30,31 @@ def one_line(text):
     epilog=examples(
         "mfd-hub demo",
         "mfd-hub info ./MFD-Qwen3-8B --json",
-        "mfd-hub generate --draft ./drafter --target Qwen/Qwen3-8B --method mixture 'Hello'",
+        "mfd-hub generate --drafter ./drafter --target Qwen/Qwen3-8B --method mixture 'Hello'",
     ),
 )
 @click.version_option(__version__, prog_name="mfd-hub")
-def cli():
+@click.pass_context
+def cli(ctx):
     """Multi-Future Drafting drafters: run, check, convert, train and publish them."""
+    ctx.with_resource(_notes_on_stderr())
+
+
+@contextlib.contextmanager
+def _notes_on_stderr():
+    """While a command runs, each DrafterNameNote warning is one 'note: ...' line on stderr."""
+    with warnings.catch_warnings():
+        others = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DrafterNameNote):
+                click.echo(f"note: {one_line(message)}", err=True)
+            else:
+                others(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        warnings.simplefilter("default", DrafterNameNote)
+        yield
 
 
 def _register_commands():

@@ -38,13 +38,15 @@ def checkpoint_config(folder):
 
 
 def describe_checkpoint(path):
-    """A summary dict of a checkpoint folder (ours or z-lab's), without loading any weights."""
+    """A summary dict of a drafter checkpoint (ours or z-lab's), without loading any weights.
+
+    ``path``: a folder, a Hub repo id or a shipped drafter's name (``resolve_drafter``)."""
     from safetensors import safe_open
 
     from .bundle import bundle_version_of
-    from .checkpoint import resolve_checkpoint_dir
+    from .checkpoint import resolve_drafter
 
-    folder = resolve_checkpoint_dir(str(path))
+    folder = resolve_drafter(path)
     fmt, config = checkpoint_config(folder)
     params, dtypes = 0, set()
     for file in sorted(folder.glob("*.safetensors")):

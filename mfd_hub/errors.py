@@ -11,3 +11,8 @@ class UsageError(MfdHubError):
     """The command was called wrongly (bad option values, missing inputs)."""
 
     exit_code = 2
+
+
+class DrafterNameNote(UserWarning):
+    """A drafter name that could mean two things was resolved by the documented rule (the CLI
+    prints it as one ``note:`` line on stderr)."""

@@ -50,6 +50,11 @@ def smollm2_cached_dir():
         hf_logging.set_verbosity_error()
         try:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            # The weights are dequantised already; the GGUF quantizer transformers leaves attached
+            # refuses save_pretrained, and its config entry would make the folder load as GGUF.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
             model.save_pretrained(staging)
             AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
         finally:
@@ -211,8 +216,9 @@ def target_tokenizer_and_stops(spec):
     return tokenizer, stop_ids_of(tokenizer, SimpleNamespace(generation_config=generation))
 
 
-def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
-    """Plain greedy decoding by transformers' ``generate`` -> the new token ids (a list).
+def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None, return_logits=False):
+    """Plain greedy decoding by transformers' ``generate`` -> the new token ids (a list), and with
+    ``return_logits`` also plain decoding's own logits, one [V] row per new token (a tensor).
 
     Stops exactly at ``stop_ids`` (None: never, whatever the model's generation config says).
     """
@@ -224,7 +230,10 @@ def greedy_decode(target, input_ids, max_new_tokens, stop_ids=None):
     config.do_sample = False
     saved, target.generation_config = target.generation_config, config
     try:
-        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens)
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                              return_dict_in_generate=return_logits, output_logits=return_logits)
     finally:
         target.generation_config = saved
-    return out[0, input_ids.shape[1] :].tolist()
+    if not return_logits:
+        return out[0, input_ids.shape[1] :].tolist()
+    return out.sequences[0, input_ids.shape[1] :].tolist(), torch.cat(out.logits, dim=0)

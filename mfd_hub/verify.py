@@ -562,7 +562,8 @@ def check_spec_decoding(ck, target, failed_before):
 
 
 def verify_checkpoint(path, target=None, listener=None):
-    """Run every check on a checkpoint (a folder, or a Hub repo id) -> VerifyReport.
+    """Run every check on a checkpoint (a folder, a Hub repo id or a shipped drafter's name, whose
+    loadable folder is checked: ``resolve_drafter``) -> VerifyReport.
 
     ``report.ok`` is True when no check failed; ``report.failures()`` lists the failed checks;
     ``report.to_dict()`` is the JSON form. ``target`` (a folder, Hub id or 'smollm2') adds the
@@ -570,12 +571,12 @@ def verify_checkpoint(path, target=None, listener=None):
     with each CheckResult as it is decided (progress for long runs). Never raises for a damaged
     checkpoint: every problem becomes a failed check.
     """
-    from .checkpoint import resolve_checkpoint_dir
+    from .checkpoint import resolve_drafter
     from .errors import MfdHubError
 
     report = VerifyReport(path=str(path), listener=listener)
     try:
-        folder = resolve_checkpoint_dir(str(path)).absolute()
+        folder = resolve_drafter(path).absolute()
     except MfdHubError as err:
         report.add("files", FAIL, str(err))
         return report

@@ -28,7 +28,7 @@ SET_ELSEWHERE = ("num_modes", "default_path", "draft_vocab_size", "block_size", 
 
 @dataclass
 class DrafterSection:
-    base: str = ""  # z-lab or MFD checkpoint (folder or Hub id), or "scratch"
+    base: str = ""  # z-lab or MFD checkpoint (folder, Hub id or shipped drafter's name), or "scratch"
     num_modes: int = 0  # K; 0 trains a single-mode (DFlash / D-PACE) drafter
     default_path: bool = False  # MFD-D: also train a single-mode default path
     mode_init_std: float = 0.02  # new mode embeddings ~ N(0, std^2): "small random vectors" (DESIGN §2)

@@ -50,22 +50,23 @@ class Sequence:
 
 
 def load_sequences(path, max_length):
-    """Regenerated records (JSON Lines) -> (sequences, number dropped). Sequences are cut to
+    """Regenerated records -> (sequences, number dropped), from a JSON Lines file, a .jsonl.gz file
+    or a regen folder of shards (``mfd_hub.recipes.regen.record_lines``). Sequences are cut to
     ``max_length`` tokens; those left with fewer than 2 response tokens (no anchor) are dropped."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise MfdHubError(f"training data {path} not found (make it with 'mfd-hub regen')")
     sequences, dropped, seen = [], 0, set()
-    for number, record in json_lines(path):
+    for _, where, record in json_lines(path):
         try:
             rid, prompt, response = str(record["id"]), record["prompt_ids"], record["response_ids"]
             ids = [int(t) for t in (list(prompt) + list(response))[:max_length]]
         except (KeyError, TypeError, ValueError) as err:
             raise MfdHubError(
-                f"{path}:{number}: not a regen record with id, prompt_ids and response_ids ({err})"
+                f"{where}: not a regen record with id, prompt_ids and response_ids ({err})"
             ) from None
         if rid in seen:
-            raise MfdHubError(f"{path}:{number}: duplicate record id {rid!r}")
+            raise MfdHubError(f"{where}: duplicate record id {rid!r}")
         seen.add(rid)
         prompt_len = max(1, len(prompt))  # an anchor needs at least one context position
         if len(ids) - prompt_len < 2:

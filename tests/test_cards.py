@@ -171,7 +171,7 @@ def test_card_renders_parses_and_carries_the_registry(registry, name):
             c = row.cells[d.target.key]
             assert f"| {row.label} | {fmt(c['t0'])} | {fmt(c['t1'])} |" in card.text
     assert f'AutoModel.from_pretrained("{d.repo_id}", trust_remote_code=True' in card.text
-    assert "draft.spec_generate(target, ids" in card.text and f"mfd-hub generate --draft {d.repo_id}" in card.text
+    assert "draft.spec_generate(target, ids" in card.text and f"mfd-hub generate --drafter {d.repo_id}" in card.text
     assert f"[{d.base.repo}](https://huggingface.co/{d.base.repo}) ({d.base.license.upper()})" in card.text
     assert d.target.repo in card.text and "@article{huang2026mfd" in card.text
     # deterministic (a re-push of an unchanged folder must not see a changed README)

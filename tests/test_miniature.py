@@ -92,18 +92,162 @@ def test_benchmark_results_cover_the_acceptance_grid():
     assert all(r["mismatches"] == 0 for r in results["rows"] if r["temperature"] == 0)
 
 
-def test_humaneval_is_not_in_the_training_prompts():
+def _humaneval_overlap(prompts):
+    """The prompts (text, subject name or None) that overlap HumanEval: a problem's task (the start
+    of any of its docstrings) in the text, a problem's function name as the subject (also without
+    underscores: `isprime` is `is_prime`), or a distinctive function name (`has_close_elements`)
+    anywhere in the text."""
     import re
 
+    from mfd_hub.zoo.prompts import humaneval_problems
+
+    problems = humaneval_problems()
+    assert len(problems) == 164 and problems[0]["task_id"] == "HumanEval/0"
+    assert [task for task, _ in load_prompt_set("humaneval")] == [p["task_id"] for p in problems]  # what bench runs
+    docstrings = [d for p in problems for _, d in re.findall(r"(\"\"\"|''')(.*?)\1", p["prompt"], re.DOTALL)]
+    tasks = {re.sub(r"\s+", " ", d).strip().lower()[:60] for d in docstrings}
+    tasks = {t for t in tasks if len(t) >= 20}
+    assert len(tasks) > 150
+    names = {p["entry_point"] for p in problems}
+    names |= {n for p in problems for n in re.findall(r"def (\w+)\(", p["prompt"])}
+    assert {"has_close_elements", "is_prime", "median", "add"} <= names
+    flat = {n.lower().replace("_", "") for n in names}
+    distinctive = re.compile(r"\b(?:" + "|".join(sorted(n for n in names if "_" in n)) + r")\b", re.IGNORECASE)
+    bad = []
+    for text, subject in prompts:
+        flat_text = re.sub(r"\s+", " ", text).lower()
+        if any(task in flat_text for task in tasks) or distinctive.search(text):
+            bad.append(text)
+        elif subject is not None and subject.lower().replace("_", "") in flat:
+            bad.append(text)
+    return bad
+
+
+def test_humaneval_is_not_in_the_training_prompts(prompt_set):
     from mfd_hub.zoo.prompts import derive_training_prompts
 
-    humaneval = load_prompt_set("humaneval")
-    assert len(humaneval) == 164 and humaneval[0][0] == "HumanEval/0"
-    # each problem's task: the start of its docstring (a few use single quotes)
-    tasks = {re.sub(r"\s+", " ", t.split('"""')[1]).strip()[:60] for _, t in humaneval if '"""' in t}
-    assert len(tasks) > 120
-    training = [re.sub(r"\s+", " ", t) for t in derive_training_prompts(1600)]
-    assert not [t for t in training for task in tasks if task in t]
+    # the prompt set: no task, no function name of HumanEval, in training and held-out prompts
+    prompts = [(p.prompt, p.source.rsplit(".", 1)[-1]) for p in (*prompt_set.training, *prompt_set.heldout)]
+    assert not _humaneval_overlap(prompts)
+    # the earlier set the shipped drafters were trained on: no task (it does name `add`, `median` ...)
+    assert not _humaneval_overlap([(t, None) for t in derive_training_prompts(1600)])
+
+
+@pytest.fixture(scope="module")
+def _derived_prompt_set():
+    """The miniature's prompt set and the CPU seconds its derivation took: derived once per
+    process (derive_prompt_set caches it)."""
+    import time
+
+    from mfd_hub.zoo.prompts import derive_prompt_set
+
+    start = time.process_time()
+    prompts = derive_prompt_set()
+    return prompts, time.process_time() - start
+
+
+@pytest.fixture
+def prompt_set(_derived_prompt_set):
+    return _derived_prompt_set[0]
+
+
+def test_prompts_are_many_unique_and_quick(_derived_prompt_set):
+    import re
+
+    prompts, seconds = _derived_prompt_set
+    # "well under 30 s on one core": CPU seconds of the first derivation in this process (0 if an
+    # earlier test of this process already derived it)
+    assert seconds < 20, seconds
+    assert len(prompts.training) >= 10000 and len(prompts.heldout) == 200
+    texts = prompts.texts("training") + prompts.texts("heldout")
+    normalised = {re.sub(r"\s+", " ", t).strip().lower() for t in texts}
+    assert len(normalised) == len(texts)
+    ids = [p.id for p in (*prompts.training, *prompts.heldout)]
+    assert len(set(ids)) == len(ids)
+
+
+def test_prompts_hold_out_other_subjects(prompt_set):
+    training_subjects = {p.source for p in prompt_set.training}
+    heldout_subjects = [p.source for p in prompt_set.heldout]
+    assert len(set(heldout_subjects)) == len(heldout_subjects) == 200  # one prompt per subject
+    assert not training_subjects & set(heldout_subjects)
+    assert not set(prompt_set.texts("training")) & set(prompt_set.texts("heldout"))
+    assert prompt_set.fingerprint["heldout_size"] == 200
+
+
+def test_prompts_are_varied_and_reasonable(prompt_set):
+    import ast
+    import collections
+    import re
+
+    from mfd_hub.zoo.prompts import CLASS_TEMPLATES, FUNCTION_TEMPLATES
+
+    texts = prompt_set.texts("training")
+    assert all(40 <= len(t) <= 600 for t in texts)
+    # the templates, told apart by the text around their fields (the most specific one that matches)
+    templates = FUNCTION_TEMPLATES + CLASS_TEMPLATES
+    patterns = [re.compile(re.sub(r"\\\{\w+\\\}", ".+?", re.escape(t)) + r"\Z", re.DOTALL) for t in templates]
+    literal = [len(re.sub(r"\{\w+\}", "", t)) for t in templates]
+    shapes = collections.Counter()
+    for text in texts:
+        shapes[max((literal[i], i) for i, p in enumerate(patterns) if p.match(text))[1]] += 1
+    assert len(shapes) == len(patterns) >= 15
+    assert max(shapes.values()) < 0.12 * len(texts)
+    assert sum(t.startswith("Write pytest") or "pytest tests" in t for t in texts) > 0.1 * len(texts)
+    # programming requests: each asks for code, and every code block in them is valid Python
+    assert all(re.search(r"\b(?:Python|function|class)\b", t) for t in texts)
+    for text in texts:
+        for code in re.findall(r"```python\n(.*?)```", text, re.DOTALL):
+            ast.parse(code)
+    # many sources, none the bulk of the set
+    sources = collections.Counter(p.source.split(":")[0] for p in prompt_set.training)
+    assert len(sources) >= 20 and max(sources.values()) < 0.4 * len(texts)
+
+
+def test_prompts_fingerprint_is_deterministic_and_written_by_the_cli(prompt_set, tmp_path):
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from mfd_hub.zoo.prompts import prompts_sha256
+
+    fingerprint = prompt_set.fingerprint
+    assert fingerprint["size"] == len(prompt_set.training)
+    assert fingerprint["sha256"] == prompts_sha256(prompt_set.texts("training"))
+    assert fingerprint["sha256"] == hashlib.sha256(
+        json.dumps(prompt_set.texts("training"), ensure_ascii=False).encode()).hexdigest()
+    sources = {s["name"]: s for s in fingerprint["sources"]}
+    assert sources["python-stdlib"]["version"] and sources["numpy"]["version"] and sources["torch"]["prompts"] > 0
+    assert sum(s["prompts"] for s in fingerprint["sources"]) == fingerprint["size"]
+    # a fresh process, another hash seed: the same prompts, written as JSON Lines
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    result = subprocess.run([sys.executable, "-m", "mfd_hub.zoo.prompts", "--out", "p.jsonl"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == fingerprint
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert rows == [p.as_dict() for p in prompt_set.training]
+    assert set(rows[0]) == {"id", "prompt", "source"}
+    heldout = [json.loads(line) for line in (tmp_path / "p.heldout.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in heldout] == prompt_set.texts("heldout")
+
+
+def test_prompts_skip_a_missing_package():
+    from mfd_hub.zoo.prompts import _collect_subjects, _HumanEvalGuard
+
+    sources = ({"name": "packaging"}, {"name": "no-such-package-mfd"})
+    subjects, records, _ = _collect_subjects(sources, _HumanEvalGuard())
+    assert records[0]["version"] and records[0]["subjects"] == len(subjects) > 0
+    assert records[1] == {"name": "no-such-package-mfd", "version": None, "files": 0, "subjects": 0, "missing": True}
+
+
+def test_prompts_asked_for_too_many_is_an_error(prompt_set):
+    from mfd_hub.errors import MfdHubError
+    from mfd_hub.zoo.prompts import derive_prompt_set
+
+    with pytest.raises(MfdHubError, match="can be derived"):
+        derive_prompt_set(count=10**6)
 
 
 @pytest.mark.slow

@@ -32,43 +32,52 @@ class RunStats:
 
     drafter: str
     method: str
-    budget: int
+    budget: object  # an int, or "auto"
     temperature: float
+    dtype: str = "float32"
     tokens: int = 0
     rounds: int = 0
     seconds: float = 0.0
-    plain_seconds: float = 0.0
-    plain_tokens: int = 0
     stage_seconds: dict = field(default_factory=dict)
     nodes: int = 0
+    tree_nodes: int = 0  # nodes verified over all rounds (the budgets "auto" chose, for it)
     rare_last_step: int = 0
     chimeras: int = 0
     mass_by_depth: dict = field(default_factory=dict)
     nodes_by_depth: dict = field(default_factory=dict)
-    mismatches: int = 0
+    mismatches: int = 0  # T = 0 outputs not identical to plain decoding in the same dtype
+    near_ties: int = 0  # ... of which diverged at a near-tie that rounding explains
+    divergences: list = field(default_factory=list)  # every non-identical output's classification
     prompts: int = 0
     tokens_accepted: int = 0
 
-    def row(self):
+    def row(self, baseline):
+        """baseline: {"dtype", "tokens", "seconds"}: the fastest plain decoding at this temperature."""
         tau = self.tokens_accepted / self.rounds if self.rounds else float("nan")
         speed = self.tokens / self.seconds if self.seconds else float("nan")
-        plain = self.plain_tokens / self.plain_seconds if self.plain_seconds else float("nan")
+        plain = baseline["tokens"] / baseline["seconds"] if baseline["seconds"] else float("nan")
         depths = sorted(self.mass_by_depth)
         return {
             "drafter": self.drafter,
             "method": self.method,
             "budget": self.budget,
             "temperature": self.temperature,
+            "dtype": self.dtype,
             "prompts": self.prompts,
             "tau": tau,
             "tokens_per_second": speed,
             "plain_tokens_per_second": plain,
+            "baseline_dtype": baseline["dtype"],
             "speedup": speed / plain if plain == plain and plain > 0 else float("nan"),
+            "mean_tree_size": self.tree_nodes / self.rounds if self.rounds else None,
             "stage_seconds_per_round": {k: v / max(1, self.rounds) for k, v in self.stage_seconds.items()},
             "chimera_share": self.chimeras / self.nodes if self.nodes else None,
             "rare_last_step_share": self.rare_last_step / self.nodes if self.nodes else None,
             "mass_per_depth": {d: self.mass_by_depth[d] / max(1, self.rounds) for d in depths},
             "mismatches": self.mismatches,
+            "near_ties": self.near_ties,
+            "unexplained": self.mismatches - self.near_ties,
+            "divergences": list(self.divergences),
         }
 
 
@@ -96,21 +105,25 @@ def _tree_coverage(stats, tree, tokens, logits, temperature):
     stats.chimeras += int(rare_on_path[1:].sum())
 
 
-def plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed):
-    """Plain decoding with transformers' generate -> (new token ids, seconds)."""
+def plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed, with_logits=False):
+    """Plain decoding with transformers' generate -> (new token ids, seconds, logits or None);
+    ``with_logits`` (T = 0 only) also returns plain decoding's own logits per new token."""
     from mfd_hub.targets import greedy_decode
 
     torch.manual_seed(seed)
     start = time.perf_counter()
+    logits = None
     if temperature == 0:
-        new = greedy_decode(target, ids, max_new_tokens, stop_ids=stop_ids)
+        new = greedy_decode(target, ids, max_new_tokens, stop_ids=stop_ids, return_logits=with_logits)
+        if with_logits:
+            new, logits = new
     else:
         out = target.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=True,
             temperature=temperature, top_k=0, top_p=1.0, eos_token_id=stop_ids or None, pad_token_id=0,
         )
         new = out[0, ids.shape[1] :].tolist()
-    return new, time.perf_counter() - start
+    return new, time.perf_counter() - start, logits
 
 
 def methods_for(draft, methods):
@@ -122,19 +135,32 @@ def cells_per_prompt(drafters, methods, budgets):
     return sum(len(budgets) if m != "chain" else 1 for d in drafters.values() for m in methods_for(d, methods))
 
 
-def run_benchmark(target, stop_ids, encoded_prompts, drafters, methods, budgets, temperatures,
+def run_benchmark(targets, spec_dtype, stop_ids, encoded_prompts, drafters, methods, budgets, temperatures,
                   max_new_tokens=128, seed=0, progress=None):
-    """encoded_prompts: list of [1, L] id tensors; drafters: {label: DFlashDraftModel}.
+    """targets: {torch dtype: the target in it}, plain decoding runs in each and the fastest is the
+    baseline; speculation runs in ``spec_dtype`` (drafters already in it). encoded_prompts: list
+    of [1, L] id tensors; drafters: {label: DFlashDraftModel}; budgets: ints and/or "auto".
     Returns the list of result rows (one per drafter x method x budget x temperature)."""
-    cells = {}
+    from mfd_hub.precision import classify_divergence, dtype_name
+
+    cells, plain = {}, {}
+    target = targets[spec_dtype]
     for temperature in temperatures:
         for index, ids in enumerate(encoded_prompts):
-            plain_tokens, plain_seconds = plain_decode(target, ids, max_new_tokens, temperature, stop_ids, seed + index)
+            reference = None
+            for dtype, model in targets.items():  # every plain dtype, interleaved with the cells
+                tokens, seconds, logits = plain_decode(model, ids, max_new_tokens, temperature, stop_ids, seed + index,
+                                                       with_logits=temperature == 0 and dtype == spec_dtype)
+                total = plain.setdefault((temperature, dtype), [0, 0.0])
+                total[0] += len(tokens)
+                total[1] += seconds
+                if dtype == spec_dtype:
+                    reference = (tokens, logits)
             for label, draft in drafters.items():
                 for method in methods_for(draft, methods):
-                    for budget in budgets if method != "chain" else [min(budgets)]:
+                    for budget in budgets if method != "chain" else [_chain_budget(budgets)]:
                         key = (label, method, budget, temperature)
-                        stats = cells.setdefault(key, RunStats(label, method, budget, temperature))
+                        stats = cells.setdefault(key, RunStats(label, method, budget, temperature, dtype_name(spec_dtype)))
 
                         def on_round(tree, tokens, logits, path, stats=stats, method=method):
                             if method != "chain":
@@ -149,27 +175,43 @@ def run_benchmark(target, stop_ids, encoded_prompts, drafters, methods, budgets,
                         stats.tokens += len(out.new_tokens)
                         stats.tokens_accepted += sum(out.acceptance_lengths)
                         stats.rounds += out.rounds
+                        stats.tree_nodes += sum(out.tree_sizes)
                         stats.seconds += out.seconds
-                        stats.plain_seconds += plain_seconds
-                        stats.plain_tokens += len(plain_tokens)
                         for k, v in out.stage_seconds.items():
                             stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
-                        if temperature == 0 and out.new_tokens != plain_tokens:
-                            stats.mismatches += 1
+                        if temperature == 0:
+                            check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype)
+                            if not check["identical"]:
+                                stats.mismatches += 1
+                                stats.near_ties += 1 if check["explained"] else 0
+                                stats.divergences.append({"prompt": index, **check})
                         if progress is not None:
                             progress(1)
-    return [cell.row() for cell in cells.values()]
+    baselines = {}
+    for (temperature, dtype), (tokens, seconds) in plain.items():
+        best = baselines.get(temperature)
+        if best is None or tokens / seconds > best["tokens"] / best["seconds"]:
+            baselines[temperature] = {"dtype": dtype_name(dtype), "tokens": tokens, "seconds": seconds}
+    return [cell.row(baselines[cell.temperature]) for cell in cells.values()]
+
+
+def _chain_budget(budgets):
+    """A chain runs once: at the smallest fixed budget, or "auto" when only "auto" is asked."""
+    fixed = [b for b in budgets if b != "auto"]
+    return min(fixed) if fixed else "auto"
 
 
 def markdown_table(rows):
-    header = "| drafter | method | B | T | tau | speedup | tok/s | plain tok/s | chimera share | mismatches |"
-    lines = [header, "|" + "---|" * 10]
+    header = ("| drafter | method | B | dtype | T | tau | speedup | tok/s | baseline | chimera share | "
+              "divergences (near-tie) |")
+    lines = [header, "|" + "---|" * 11]
     for r in rows:
         chim = "" if r["chimera_share"] is None else f"{100 * r['chimera_share']:.1f}%"
+        budget = r["budget"] if r["budget"] != "auto" else f"auto ({r['mean_tree_size']:.1f})"
         lines.append(
-            f"| {r['drafter']} | {r['method']} | {r['budget']} | {r['temperature']:g} | {r['tau']:.2f} | "
-            f"{r['speedup']:.2f}x | {r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} | {chim} | "
-            f"{r['mismatches']} |"
+            f"| {r['drafter']} | {r['method']} | {budget} | {r['dtype']} | {r['temperature']:g} | {r['tau']:.2f} | "
+            f"{r['speedup']:.2f}x | {r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} "
+            f"{r['baseline_dtype']} | {chim} | {r['mismatches']} ({r['near_ties']}) |"
         )
     return "\n".join(lines) + "\n"
 
@@ -192,17 +234,18 @@ def write_outputs(rows, out_dir, meta):
     for metric in ("speedup", "tau"):
         for temperature in sorted({r["temperature"] for r in rows}):
             fig, ax = plt.subplots(figsize=(6, 4))
+            fixed = sorted({r["budget"] for r in rows if r["method"] != "chain" and r["budget"] != "auto"})
             for (label, method) in sorted({(r["drafter"], r["method"]) for r in rows}):
-                pts = sorted(
-                    (r["budget"], r[metric]) for r in rows
-                    if r["drafter"] == label and r["method"] == method and r["temperature"] == temperature
-                )
-                style = "--" if method == "chain" else "-"
-                if method == "chain":
-                    xs = sorted({r["budget"] for r in rows if r["method"] != "chain"}) or [pts[0][0]]
-                    ax.plot(xs, [pts[0][1]] * len(xs), style, label=f"{label} {method}")
-                else:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{label} {method}")
+                cell = [r for r in rows if r["drafter"] == label and r["method"] == method
+                        and r["temperature"] == temperature]
+                pts = sorted((r["budget"], r[metric]) for r in cell if r["budget"] != "auto")
+                flat = [(f"{label} {method}", pts[0][1])] if method == "chain" and pts else []
+                flat += [(f"{label} {method} auto", r[metric]) for r in cell if r["budget"] == "auto"]
+                if pts and method != "chain":
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker="o", label=f"{label} {method}")
+                for name, value in flat:  # one figure per cell: a level across the fixed budgets
+                    xs = fixed or [1]
+                    ax.plot(xs, [value] * len(xs), "--" if method == "chain" else ":", label=name)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("tree budget B")
             ax.set_ylabel(metric)
@@ -250,38 +293,59 @@ def default_drafters(target_spec):
 
 
 def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
-                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None):
-    """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta)."""
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto"):
+    """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta).
+
+    Raises MfdHubError, after writing the results, when a T = 0 output diverged from plain
+    decoding beyond what rounding in the dtype explains."""
+    import copy
+
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
-    from .shipped import SHIPPED_DRAFTERS, drafter_folder
+    from mfd_hub.precision import dtype_name, resolve_dtype
     from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
     prompts = load_prompt_set(prompt_spec, limit)
     drafters = {}
     for spec in drafter_specs or default_drafters(target_spec):
-        # shipped names and folders here; anything else is a Hub id that load_draft downloads
-        folder = drafter_folder(spec) if spec in SHIPPED_DRAFTERS or Path(spec).exists() else spec
         if log:
             log(f"loading drafter {spec}")
-        drafters[drafter_label(spec)] = load_draft(str(folder))
+        drafters[drafter_label(spec)] = load_draft(spec)  # a folder, a Hub repo id or a shipped name
     if log:
         log(f"loading target {target_spec}")
     target, tokenizer = load_target(target_spec)
+    spec_dtype = resolve_dtype(dtype, target.device)
+    # plain decoding in fp32 and in bf16 (and in the speculation's dtype): the fastest is the baseline
+    targets = {torch.float32: target}
+    for extra in (torch.bfloat16, spec_dtype):
+        if extra not in targets:
+            targets[extra] = copy.deepcopy(target).to(extra)
+    drafters = {label: draft.to(spec_dtype) for label, draft in drafters.items()}
     if tokenizer is None:
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
     stops = stop_ids_of(tokenizer, target)
     encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
     with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
-        rows = run_benchmark(target, stops, encoded, drafters, methods, budgets, temperatures,
+        if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
+            for draft in drafters.values():
+                draft.spec_generate(targets[spec_dtype], encoded[0], max_new_tokens=2, tree_budget="auto",
+                                    method="mixture" if draft.config.num_modes else "product")
+        rows = run_benchmark(targets, spec_dtype, stops, encoded, drafters, methods, budgets, temperatures,
                              max_new_tokens=max_new_tokens, seed=seed, progress=bar.update)
     meta = {
         "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
-        "device": str(target.device),
+        "device": str(target.device), "dtype": dtype_name(spec_dtype),
+        "plain_dtypes": [dtype_name(d) for d in targets],
     }
     files = write_outputs(rows, out_dir, meta)
-    return {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}
+    result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}
+    unexplained = [r for r in rows if r["unexplained"]]
+    if unexplained:
+        r = unexplained[0]
+        raise MfdHubError(f"{r['drafter']} {r['method']} B={r['budget']}: {r['unexplained']} output(s) diverged from "
+                          f"plain {r['dtype']} decoding beyond what rounding explains (results in {out_dir}): a bug")
+    return result

@@ -1,63 +1,120 @@
 """``mfd-hub demo``: the miniature's first contact. SmolLM2-135M and a shipped drafter, one prompt,
-plain greedy decoding against the chain, the product tree and the mixture tree."""
+plain greedy decoding against the chain, the product tree and the mixture tree.
 
-from .shipped import drafter_folder, load_with_auto_model
+Honest numbers: the baseline is the faster of plain fp32 and plain bf16 decoding (transformers
+``generate``) of the same target on this machine, and every configuration, plain ones included,
+is timed ``repeats`` times interleaved (one run of each per repeat), so drifting machine load hits
+them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``: bf16 on CPUs
+with native bf16, fp32 elsewhere) with ``budget`` (``auto``: chosen per round from this
+machine's measured costs). Outputs are checked against plain decoding in the same dtype:
+identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd_hub.precision``).
+"""
+
+import statistics
+import time
+
+from mfd_hub.checkpoint import resolve_drafter
+
+from .shipped import load_with_auto_model
 
 DEMO_METHODS = ("chain", "product", "mixture")
 
 
-def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget=32, max_new_tokens=128, log=None):
-    """Plain greedy decoding, then chain, product tree and mixture tree on SmolLM2-135M with the
-    drafter -> a dict: the text, and per method tokens, tau, tok/s, speedup, identical."""
+def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=128, dtype="auto", repeats=3, log=None):
+    """-> a dict: the text, the baseline, and per configuration tokens, tau, tok/s, speedup over the
+    fastest plain decoding, and the lossless check."""
+    import copy
     import os
 
     import torch
     from tqdm import tqdm
 
+    from mfd_hub.precision import classify_divergence, dtype_name, resolve_dtype
     from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
-    from .bench import plain_decode
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything the demo needs is on disk
-    folder = drafter_folder(drafter)
+    spec_dtype = resolve_dtype(dtype)
+    folder = resolve_drafter(drafter)  # a folder, a Hub repo id or a shipped name
     with tqdm(total=2, desc="loading", unit="model", disable=log is None) as bar:
         bar.set_postfix_str("SmolLM2-135M-Instruct")
-        target, tokenizer = load_target(SMOLLM2)
+        target32, tokenizer = load_target(SMOLLM2)
         bar.update(1)
         bar.set_postfix_str(f"{folder.name} (AutoModel, trust_remote_code)")
-        draft = load_with_auto_model(folder)
+        draft = load_with_auto_model(folder).to(spec_dtype)
         bar.update(1)
+    # plain decoding in fp32 and in bf16: the baseline is whichever is faster here
+    targets = {torch.float32: target32, torch.bfloat16: copy.deepcopy(target32).to(torch.bfloat16)}
+    if spec_dtype not in targets:
+        targets[spec_dtype] = copy.deepcopy(target32).to(spec_dtype)
     ids = encode_prompt(tokenizer, prompt)
-    stops = stop_ids_of(tokenizer, target)
+    stops = stop_ids_of(tokenizer, target32)
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
+    target = targets[spec_dtype]
 
-    # one short warm-up of every path, so no method pays for first-call allocations
-    greedy_decode(target, ids, 4, stop_ids=stops)
+    def plain(dt):
+        return lambda: greedy_decode(targets[dt], ids, max_new_tokens, stop_ids=stops, return_logits=True)
+
+    def spec(method):
+        return lambda: draft.spec_generate(target, ids, max_new_tokens=max_new_tokens, method=method,
+                                           tree_budget=budget, stop_token_ids=stops)
+
+    configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in (torch.float32, torch.bfloat16)]
+    if spec_dtype not in (torch.float32, torch.bfloat16):
+        configs.append((f"plain {dtype_name(spec_dtype)}", plain(spec_dtype)))
+    configs += [(method, spec(method)) for method in methods]
+
+    # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
+    if log:
+        log("warming up" + (" and measuring this machine's round costs (cached)" if budget == "auto" else ""))
+    greedy_decode(target32, ids, 4, stop_ids=stops)
     for method in methods:
         draft.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, stop_token_ids=stops)
 
     if log:
-        log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0)")
-    plain, plain_seconds = plain_decode(target, ids, max_new_tokens, 0.0, stops, seed=0)
-    runs = [{"method": "plain", "budget": None, "new_tokens": len(plain), "rounds": None, "tau": None,
-             "seconds": plain_seconds, "tokens_per_second": len(plain) / plain_seconds, "speedup": 1.0,
-             "identical": True}]
-    for method in methods:
-        out = draft.spec_generate(target, ids, max_new_tokens=max_new_tokens, method=method, tree_budget=budget,
-                                  stop_token_ids=stops)
-        runs.append({
-            "method": method, "budget": budget, "new_tokens": len(out.new_tokens), "rounds": out.rounds,
-            "tau": out.tau, "seconds": out.seconds, "tokens_per_second": out.tokens_per_second,
-            "speedup": plain_seconds / out.seconds if out.seconds > 0 else float("nan"),
-            "identical": out.new_tokens == plain, "stage_seconds": dict(out.stage_seconds),
-        })
-        if log:
-            log(f"  {method:<8} tau {out.tau:.2f}, {out.tokens_per_second:.1f} tok/s")
+        log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0), "
+            f"speculation in {dtype_name(spec_dtype)}, {repeats} interleaved repeats")
+    seconds = {name: [] for name, _ in configs}
+    last = {}
+    for _ in range(repeats):
+        for name, fn in configs:
+            began = time.perf_counter()
+            last[name] = fn()
+            seconds[name].append(time.perf_counter() - began)
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+
+    def tokens_of(name):
+        result = last[name]
+        return result[0] if name.startswith("plain") else result.new_tokens
+
+    rates = {name: len(tokens_of(name)) / median[name] for name, _ in configs}
+    plain_names = [name for name, _ in configs if name.startswith("plain")]
+    baseline = max(plain_names, key=lambda n: rates[n])
+    reference_tokens, reference_logits = last[f"plain {dtype_name(spec_dtype)}"]
+
+    runs = []
+    for name, _ in configs:
+        row = {"method": name, "new_tokens": len(tokens_of(name)), "seconds": median[name],
+               "tokens_per_second": rates[name], "speedup": rates[name] / rates[baseline]}
+        if name.startswith("plain"):
+            row.update(budget=None, rounds=None, tau=None, dtype=name.split()[1])
+        else:
+            out = last[name]
+            check = classify_divergence(reference_tokens, out.new_tokens, reference_logits, spec_dtype)
+            row.update(budget=budget, rounds=out.rounds, tau=out.tau, dtype=dtype_name(spec_dtype),
+                       mean_tree_size=sum(out.tree_sizes) / max(1, len(out.tree_sizes)),
+                       modes_drafted=out.modes_drafted, stage_seconds=dict(out.stage_seconds), lossless=check)
+        runs.append(row)
+        if log and not name.startswith("plain"):
+            log(f"  {name:<8} tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s")
     return {
         "prompt": prompt,
         "drafter": folder.name,
         "target": "SmolLM2-135M-Instruct",
         "threads": torch.get_num_threads(),
-        "text": tokenizer.decode(plain, skip_special_tokens=True),
+        "dtype": dtype_name(spec_dtype),
+        "budget": budget,
+        "repeats": repeats,
+        "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},
+        "text": tokenizer.decode(reference_tokens, skip_special_tokens=True),
         "runs": runs,
     }

@@ -6,6 +6,9 @@ repo of it holds: weights, config, card and the remote-code bundle -- is written
 cache (``mfd_hub.cache``) the first time it is needed and reused afterwards; its name carries a
 digest of the zoo files and the bundle, so a new mfd-hub version or a retrained drafter gets a
 fresh one.
+
+Commands and library functions name a shipped drafter by its name wherever they take a drafter:
+``mfd_hub.checkpoint.resolve_drafter`` turns a name into the loadable folder given here.
 """
 
 import hashlib
@@ -81,14 +84,3 @@ def load_with_auto_model(folder):
         return AutoModel.from_pretrained(str(folder), trust_remote_code=True, dtype=torch.float32).eval()
     except (OSError, ValueError) as err:
         raise MfdHubError(f"cannot load the drafter in {folder}: {' '.join(str(err).split())[:300]}") from None
-
-
-def drafter_folder(name_or_path):
-    """A shipped drafter's loadable folder, or the checkpoint folder given."""
-    if name_or_path in SHIPPED_DRAFTERS:
-        return shipped_drafter_dir(name_or_path)
-    folder = Path(name_or_path)
-    if not (folder / "config.json").is_file():
-        raise MfdHubError(f"{name_or_path} is neither a shipped drafter ({', '.join(SHIPPED_DRAFTERS)}) "
-                          "nor a checkpoint folder with a config.json")
-    return folder

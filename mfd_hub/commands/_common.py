@@ -14,3 +14,34 @@ def examples(*lines):
 def emit_json(payload):
     """Machine-readable output: one JSON document on stdout."""
     click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+class BudgetType(click.ParamType):
+    """A tree budget: a whole number >= 1, or ``auto`` (chosen per round from measured costs)."""
+
+    name = "budget"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither 'auto' nor a whole number", param, ctx)
+        if number < 1:
+            self.fail(f"{number} is below 1", param, ctx)
+        return number
+
+
+def budget_option(default="auto"):
+    return click.option(
+        "--budget", type=BudgetType(), default=default, show_default=True,
+        help="Tree nodes per round, or 'auto': each round picks the budget (and, for the mixture, whether "
+             "to draft all modes) with the most expected tokens per second on this machine.")
+
+
+def dtype_option(default="auto"):
+    return click.option(
+        "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=default, show_default=True,
+        help="Dtype of target and drafter for speculation; auto: bfloat16 on CPUs with native bf16 "
+             "(AMX/AVX512-BF16) and on CUDA, float32 elsewhere.")

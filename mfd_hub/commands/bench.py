@@ -2,7 +2,8 @@
 
 import click
 
-from ._common import emit_json, examples
+from ._common import dtype_option, emit_json, examples
+from ._drafter import drafter_help
 from ..errors import UsageError
 
 
@@ -18,9 +19,19 @@ def _numbers(text, name, kind, minimum):
     return values
 
 
+def _budgets(text):
+    """--budgets: whole numbers >= 1 and/or 'auto', comma-separated."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    fixed = _numbers(",".join(w for w in words if w != "auto"), "--budgets", int, 1) if any(w != "auto" for w in words) else []
+    if not words:
+        raise UsageError(f"--budgets takes whole numbers >= 1 and/or 'auto', not {text!r}")
+    return fixed + (["auto"] if "auto" in words else [])
+
+
 @click.command(
     epilog=examples(
         "mfd-hub bench --limit 20",
+        "mfd-hub bench --limit 20 --budgets 4,8,16,32,64,auto --methods product --dtype float32",
         "mfd-hub bench --budgets 16,32,64 --temperatures 0,1 --out bench/humaneval",
         "mfd-hub bench --prompts my-prompts.jsonl --drafter MFD-SmolLM2-135M --methods product,mixture --json",
         "mfd-hub bench --target ./Qwen3-4B --drafter ./MFD-Qwen3-4B --limit 10",
@@ -28,23 +39,25 @@ def _numbers(text, name, kind, minimum):
 )
 @click.option("--target", "target_spec", default="smollm2", show_default=True,
               help="Target: 'smollm2' (embedded), a folder or a Hub id.")
-@click.option("--drafter", "drafters", multiple=True,
-              help="Drafter to measure (repeatable): a shipped name or a checkpoint folder. "
-                   "Default with smollm2: MFD-SmolLM2-135M and DPACE-SmolLM2-135M.")
+@click.option("--drafter", "drafters", multiple=True, metavar="DRAFTER",
+              help=drafter_help("Drafter to measure (repeatable)")
+              + " Default with smollm2: MFD-SmolLM2-135M and DPACE-SmolLM2-135M.")
 @click.option("--prompts", "prompt_spec", default="humaneval", show_default=True,
               help="'humaneval' (164 problems, built in) or a JSON Lines file with a prompt field.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use the first N prompts only.")
 @click.option("--methods", default="chain,product,mixture", show_default=True,
               help="Comma-separated subset of chain, product, mixture (mixture needs an MFD drafter).")
-@click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets B (chain: the smallest).")
+@click.option("--budgets", default="16,32,64", show_default=True,
+              help="Tree budgets B, and/or 'auto' (chosen per round from this machine's costs); chain: the smallest.")
+@dtype_option()
 @click.option("--temperatures", default="0", show_default=True, help="Sampling temperatures (0 = greedy).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               help="Folder for results.json, results.md and the PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as one JSON document.")
-def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, temperatures, max_new_tokens, seed, out_dir,
-          as_json):
+def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, temperatures, max_new_tokens, seed,
+          out_dir, as_json):
     """Benchmark drafters against a target over a prompt set: plain decoding and every
     drafter x method x budget x temperature, back to back per prompt (ratios, not absolute
     times, are what a noisy machine can report). Reports tau, speedup over plain decoding,
@@ -58,9 +71,9 @@ def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, temperatu
     if unknown or not method_list:
         raise UsageError(f"--methods takes chain, product and/or mixture, not {methods!r}")
     result = run_bench_command(
-        target_spec, list(drafters), prompt_spec, limit, method_list, _numbers(budgets, "--budgets", int, 1),
+        target_spec, list(drafters), prompt_spec, limit, method_list, _budgets(budgets),
         _numbers(temperatures, "--temperatures", float, 0), max_new_tokens, seed, out_dir,
-        log=None if as_json else lambda line: click.echo(line, err=True),
+        log=None if as_json else lambda line: click.echo(line, err=True), dtype=dtype,
     )
     if as_json:
         emit_json(result)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ._common import examples
+from ._drafter import drafter_help
 from ..errors import UsageError
 
 
@@ -35,13 +36,14 @@ def write_text_atomically(dest, text):
     )
 )
 @click.argument("name")
-@click.option("--path", "path", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="A checkpoint folder: the card states its own shape, parameter count and dtype.")
+@click.option("--path", "path", default=None, metavar="DRAFTER",
+              help=drafter_help("A checkpoint whose own shape, parameter count and dtype the card states"))
 @click.option("--repo-id", default=None, help="The repo the usage examples load from (default: the registry's).")
 @click.option("--out", type=click.Path(dir_okay=True, path_type=Path), default=None,
               help="Write the card to this file instead of printing it.")
 def card(name, path, repo_id, out):
     """Render the model card of drafter NAME (see 'mfd-hub list') as README.md markdown."""
+    from ..checkpoint import resolve_drafter
     from ..describe import checkpoint_config
     from ..cards.model_card import render_card
     from ..cards.registry import load_registry
@@ -49,8 +51,7 @@ def card(name, path, repo_id, out):
     registry = load_registry()
     drafter = registry.get(name)
     if path is not None:
-        if not path.is_dir():
-            raise UsageError(f"--path {path} is not a checkpoint folder")
+        path = resolve_drafter(path)
         _, config = checkpoint_config(path)  # a clear error for a folder that is not a drafter checkpoint
         problems = drafter.mismatches(config)
         if problems:

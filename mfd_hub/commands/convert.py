@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ._common import emit_json, examples
+from ._drafter import drafter_argument
 from ..errors import UsageError
 
 DTYPE_CHOICE = click.Choice(["bfloat16", "float16", "float32"])
@@ -71,7 +72,7 @@ def convert():
         "mfd-hub convert zlab ./Qwen3-4B-DFlash-b16 ./mfd-4b --modes 8 --seed 1 --target-name Qwen/Qwen3-4B --json",
     ),
 )
-@click.argument("source")
+@drafter_argument("source", "SOURCE")
 @click.argument("out", type=click.Path())
 @click.option("--modes", "num_modes", type=click.IntRange(min=0), default=8, show_default=True, help="K, the number of modes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the mode initialisation.")
@@ -83,7 +84,7 @@ def convert():
 @_output_options
 def convert_zlab_command(source, out, num_modes, seed, mode_std, gate_std, dtype, max_shard_size, revision, target_name,
                          overwrite, as_json):
-    """A z-lab DFlash drafter (SOURCE: folder or Hub id) -> an MFD drafter with K seeded modes.
+    """A z-lab DFlash drafter (SOURCE) -> an MFD drafter with K seeded modes.
 
     The z-lab weights are carried over exactly; mode_embed and mode_gate start from a seeded
     N(0, std^2), recorded in the checkpoint's mfd_metadata.
@@ -133,7 +134,7 @@ def convert_train_ckpt_command(source, out, dtype, max_shard_size, overwrite, as
         "--corpus responses.jsonl --field response --size 65536 --json",
     ),
 )
-@click.argument("source")
+@drafter_argument("source", "SOURCE")
 @click.argument("out", type=click.Path())
 @click.option("--target", "target_spec", required=True, help="The drafter's target (folder, Hub id or 'smollm2').")
 @click.option("--corpus", required=True, type=click.Path(dir_okay=False),
@@ -181,7 +182,7 @@ def convert_draft_vocab_command(source, out, target_spec, corpus, size, field, t
         "mfd-hub convert mfd-d ./MFD-Qwen3-4B ./MFD-D-Qwen3-4B-init --default-from zeros --json",
     ),
 )
-@click.argument("source")
+@drafter_argument("source", "SOURCE")
 @click.argument("out", type=click.Path())
 @click.option("--default-from", default="zeros", show_default=True,
               help="Start of the default path: 'zeros' (plain DFlash), 'mean' (of the modes) or 'mode:K'.")

@@ -2,21 +2,24 @@
 
 import click
 
-from ._common import emit_json, examples
+from ._common import budget_option, dtype_option, emit_json, examples
+from ._drafter import drafter_help, given_drafter
 from ..errors import MfdHubError, UsageError
 
 
 @click.command(
     epilog=examples(
-        "mfd-hub generate --draft ./MFD-SmolLM2 --target smollm2 'Write a haiku about trees.'",
-        "mfd-hub generate --draft ./drafter --target Qwen/Qwen3-8B --method mixture --budget 32 --temperature 0 'Hi'",
-        "mfd-hub generate --draft ./drafter --target ./Qwen3-4B --method product --mode 2 --json 'Explain RoPE.'",
+        "mfd-hub generate --drafter MFD-SmolLM2-135M --target smollm2 'Write a palindrome check.'",
+        "mfd-hub generate --drafter ./drafter --target Qwen/Qwen3-8B --method mixture --budget 32 --temperature 0 'Hi'",
+        "mfd-hub generate --drafter ./drafter --target ./Qwen3-4B --method product --mode 2 --json 'Explain RoPE.'",
     )
 )
-@click.option("--draft", "draft_path", required=True, help="Drafter checkpoint: folder or Hub repo id.")
+@click.option("--drafter", default=None, metavar="DRAFTER", help=drafter_help("The drafter (required)"))
+@click.option("--draft", "old_drafter", default=None, hidden=True, help="Deprecated spelling of --drafter.")
 @click.option("--target", "target_spec", required=True, help="Target: folder, Hub id, or 'smollm2' (embedded).")
 @click.option("--method", type=click.Choice(["chain", "product", "mixture"]), default="mixture", show_default=True)
-@click.option("--budget", type=click.IntRange(min=1), default=32, show_default=True, help="Tree nodes per round.")
+@budget_option(default="auto")
+@dtype_option()
 @click.option("--mode", default=None, help="chain/product on an MFD drafter: a mode index, 'gate' or 'default'.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
@@ -27,21 +30,25 @@ from ..errors import MfdHubError, UsageError
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (T > 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (text, ids, statistics).")
 @click.argument("prompt")
-def generate(draft_path, target_spec, method, budget, mode, temperature, top_p, top_k, max_new_tokens, stops,
+def generate(drafter, old_drafter, target_spec, method, budget, dtype, mode, temperature, top_p, top_k, max_new_tokens, stops,
              no_chat_template, seed, as_json, prompt):
     """Generate from PROMPT with a drafter speculating for a target (lossless)."""
     import torch
 
     from ..checkpoint import load_draft
+    from ..precision import dtype_name, resolve_dtype
     from ..targets import encode_prompt, load_target, stop_ids_of
 
     if mode is not None and mode not in ("gate", "default") and not mode.isdigit():
         raise UsageError(f"--mode must be a mode index, 'gate' or 'default', not {mode!r}")
     mode = int(mode) if mode is not None and mode.isdigit() else mode
-    click.echo(f"loading drafter {draft_path} ...", err=True)
-    draft = load_draft(draft_path)
-    click.echo(f"loading target {target_spec} ...", err=True)
-    target, tokenizer = load_target(target_spec)
+    drafter = given_drafter(drafter, old_drafter)
+    click.echo(f"loading drafter {drafter} ...", err=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    run_dtype = resolve_dtype(dtype, device)
+    draft = load_draft(drafter, dtype=run_dtype, device=device)
+    click.echo(f"loading target {target_spec} ({dtype_name(run_dtype)}) ...", err=True)
+    target, tokenizer = load_target(target_spec, dtype=run_dtype, device=device)
     if tokenizer is None:
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompt")
     ids = encode_prompt(tokenizer, prompt, chat=not no_chat_template)
@@ -55,13 +62,26 @@ def generate(draft_path, target_spec, method, budget, mode, temperature, top_p, 
         raise MfdHubError(str(err)) from None
     text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
     stats = out.stats()
+    stats["dtype"] = dtype_name(run_dtype)
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return
-    click.echo(text)
-    stage = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in stats["stage_seconds"].items())
-    click.echo(
-        f"\n[{method}, budget {budget}] {stats['new_tokens']} tokens in {stats['rounds']} rounds, "
-        f"tau {stats['tau']:.2f}, {stats['tokens_per_second']:.1f} tok/s ({stage})",
-        err=True,
-    )
+    click.echo(text)  # stdout holds the generated text only; the report goes to stderr
+    for line in report_lines(out, dtype_name(run_dtype)):
+        click.echo(line, err=True)
+
+
+def report_lines(out, dtype):
+    """generate's report on stderr (what demo shows per method), read from the SpecDecodingOutput:
+    the method, budget and dtype used, then tokens, rounds, tau, tokens/s and the time per stage."""
+    budget = out.tree_budget
+    if budget == "auto" and out.tree_sizes:
+        plain = sum(1 for m in out.modes_drafted if m == 0)
+        budget = (f"auto (trees of {min(out.tree_sizes)} to {max(out.tree_sizes)} nodes, mean "
+                  f"{sum(out.tree_sizes) / len(out.tree_sizes):.1f}" + (f"; {plain} plain steps" if plain else "") + ")")
+    stages = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in out.stage_seconds.items())
+    return [
+        f"method {out.method}, budget {budget}, {dtype}, temperature {out.temperature:g}",
+        f"{len(out.new_tokens)} tokens in {out.rounds} rounds: tau {out.tau:.2f}, {out.tokens_per_second:.1f} tok/s",
+        f"time per stage: {stages}",
+    ]

@@ -1,10 +1,9 @@
 """``mfd-hub push``: publish a verified drafter checkpoint with its generated card, in one commit."""
 
-from pathlib import Path
-
 import click
 
 from ._common import emit_json, examples
+from ._drafter import drafter_help
 from ..errors import MfdHubError
 
 
@@ -32,8 +31,8 @@ def _print_plan(plan):
     )
 )
 @click.argument("name")
-@click.option("--path", type=click.Path(path_type=Path), default=None,
-              help="The checkpoint folder to publish (default: ./NAME).")
+@click.option("--path", default=None, metavar="DRAFTER",
+              help=drafter_help("The checkpoint to publish (default: the folder ./NAME)"))
 @click.option("--repo-id", default=None, help="Hub repository owner/name (default: the registry's).")
 @click.option("--revision", default="main", show_default=True, help="Branch to commit to (created from main if missing).")
 @click.option("--tag", default=None, help="Tag for the new commit (default: the registry's release, e.g. v1.0).")

@@ -24,6 +24,8 @@ import torch
 from ..kernels.accept import accept_walk
 from ..kernels.tree_attention import ancestor_mask
 from ..kernels.tree_build import build_chain, draft_candidates, draft_tree
+from ..kernels.tree_format import SCORE_SCALE
+from .budget_mfd import BudgetChooser, round_costs
 from .context_mfd import DraftContextCache
 from .sampling_mfd import check_sampling, next_tokens
 from .targets_mfd import make_verifier
@@ -48,6 +50,10 @@ class SpecDecodingOutput:
     seconds: float = 0.0
     stopped_by: str = "max_new_tokens"
     modes_used: list = field(default_factory=list)
+    # per round: modes drafted (0 for a plain target step); with tree_budget="auto" the budgets
+    # chosen are the tree sizes, and ``round_costs_key`` names the cached cost measurement
+    modes_drafted: list = field(default_factory=list)
+    round_costs_key: str = None
 
     @property
     def rounds(self):
@@ -76,6 +82,8 @@ class SpecDecodingOutput:
             "tokens_per_second": self.tokens_per_second,
             "stage_seconds": dict(self.stage_seconds),
             "stopped_by": self.stopped_by,
+            "modes_drafted": list(self.modes_drafted),
+            "plain_rounds": sum(1 for m in self.modes_drafted if m == 0),
         }
 
 
@@ -152,6 +160,9 @@ def spec_generate(
     method: ``chain`` (the argmax path, at most ``tree_budget`` long), ``product`` (the
     ``tree_budget`` most probable prefixes under one mode's product of marginals, DDTree) or
     ``mixture`` (the most probable prefixes, each scored by its best mode: MFD).
+    tree_budget: an int, or ``"auto"``: each round takes the budget (and, for the mixture,
+    whether to draft all modes; and whether to speculate at all) with the most expected tokens
+    per second on this machine, from costs measured once and cached (``budget_mfd``).
     mode: for chain/product on an MFD drafter: a mode index, ``"gate"`` (the gate's top mode,
     the default) or ``"default"`` (the MFD-D default path).
     temperature / top_p / top_k: plain sampling's meaning (temperature 0 = greedy).
@@ -163,7 +174,10 @@ def spec_generate(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if tree_budget < 1:
+    auto = isinstance(tree_budget, str)
+    if auto and tree_budget != "auto":
+        raise ValueError(f"tree_budget must be an int >= 1 or 'auto', got {tree_budget!r}")
+    if not auto and tree_budget < 1:
         raise ValueError("tree_budget must be >= 1")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -185,6 +199,14 @@ def spec_generate(
     clock = _StageClock(device, sync_timing)
     rule = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
 
+    chooser = None
+    if auto:  # measured once per machine and cached; not part of the generation's time
+        costs = round_costs(draft, target, input_ids, make_verifier, ancestor_mask)
+        chooser = BudgetChooser(costs, method, draft.config.num_modes,
+                                max_budget=block - 1 if method == "chain" else None)
+        if method == "chain":
+            chooser.budgets = list(range(1, block))
+
     began = time.perf_counter()
     clock.start()
     last_logits, taps = verifier.prefill(input_ids)
@@ -201,6 +223,7 @@ def spec_generate(
         method=method,
         tree_budget=tree_budget,
         temperature=temperature,
+        round_costs_key=chooser.costs.key if chooser else None,
     )
     done = first in stops or max_new_tokens == 1
     if first in stops:
@@ -210,24 +233,43 @@ def spec_generate(
     while not done:
         start = verifier.length  # the anchor's position
         depth = min(block - 1, max_new_tokens - len(out.new_tokens) - 1)
-        max_depth = min(depth, tree_budget)  # a bound on the tree's depth, known without the device
-        modes = _resolve_modes(draft, method, mode, cache)
+        round_method, modes, budget = method, None, tree_budget
+        if auto:
+            budget = chooser.max_budget
+            if depth > 0 and not chooser.speculate():
+                depth = 0  # a plain target step: speculation has been losing on this machine
+            elif method == "mixture" and not chooser.all_modes():
+                round_method = "product"  # the gate's one mode: all modes have not been paying
+        if depth > 0:
+            modes = _resolve_modes(draft, round_method, mode, cache)
+        max_depth = min(depth, budget)  # a bound on the tree's depth, known without the device
         if depth > 0:
             block_ids = torch.cat([torch.full((1, 1, 1), anchor, device=device), mask_ids], dim=-1)
             anchor_pos = torch.full((1, 1), start, device=device)  # a device tensor: no host-to-device copy
             drafted = draft(draft.embed_block(block_ids, embed), anchor_pos, cache=cache, modes=modes, lm_head=lm_head)
             logits = drafted.logits[0, 0, :, :depth]  # [M, depth, V]
             clock.lap("draft")
-            if method == "chain":
-                _, ids = draft_candidates(logits[0], 1)
-                tree = build_chain(ids, anchor, length=tree_budget)
+            if round_method == "chain":
+                top, ids = draft_candidates(logits[0], 1)
+                if auto:
+                    budget = _auto_chain_length(chooser, top, depth)
+                    max_depth = min(depth, budget)
+                tree = build_chain(ids, anchor, length=budget)
             else:
-                scores, ids = draft_candidates(logits, tree_budget)
-                tree = draft_tree(scores, ids, tree_budget, anchor, logits.shape[-1])
+                scores, ids = draft_candidates(logits, budget)
+                tree = draft_tree(scores, ids, budget, anchor, logits.shape[-1])
+                if auto:
+                    budget = _auto_tree_budget(chooser, tree, scores, ids, anchor, logits.shape[-1], draft, cache,
+                                               method, round_method)
+                    if budget < tree.num_nodes:
+                        tree = draft_tree(scores, ids, budget, anchor, logits.shape[-1])
+                    max_depth = min(depth, budget)
             tokens = torch.cat([tree.tokens[:1], draft.draft_to_target_ids(tree.tokens[1:])])
+            out.modes_drafted.append(logits.shape[0])
         else:
             tree = build_chain(torch.zeros(0, 1, dtype=torch.long, device=device), anchor)
             tokens = tree.tokens
+            out.modes_drafted.append(0)
         tree_mask = ancestor_mask(tree.parents, max_depth)
         clock.lap("tree")
 
@@ -241,6 +283,10 @@ def spec_generate(
         accepted, bonus = summary[0], summary[2]
         emitted = summary[4 : 3 + accepted] + [bonus]  # summary[3] is the root (the anchor)
         out.acceptance_lengths.append(len(emitted))
+        if auto and tree.num_nodes > 0:  # calibrate: which of the tree's nodes did the target accept
+            accepted_nodes = set(path[1:accepted].tolist())
+            chooser.observe((tree.scores[1:].double() / SCORE_SCALE).tolist(),
+                            [i in accepted_nodes for i in range(1, tree.num_nodes + 1)])
         if on_round is not None:
             on_round(tree, tokens, logits, path[:accepted])
         out.tree_sizes.append(tree.num_nodes)
@@ -268,3 +314,31 @@ def spec_generate(
     new = torch.tensor(out.new_tokens, dtype=input_ids.dtype, device=device)[None]
     out.output_ids = torch.cat([input_ids, new], dim=1)
     return out
+
+
+def _auto_chain_length(chooser, top_scores, depth):
+    """The chain length with the most expected tokens per second (one host read of the scores)."""
+    prefix = torch.cumsum(top_scores[:, 0], dim=0).double() / SCORE_SCALE
+    length, _, rate = chooser.best(prefix.tolist(), 1)
+    chooser.record("one", rate)
+    chooser.settle()
+    return length
+
+
+def _auto_tree_budget(chooser, tree, scores, ids, anchor, vocab, draft, cache, method, round_method):
+    """The budget with the most expected tokens per second for this round's tree (built at the
+    largest candidate budget; smaller budgets keep its best nodes). For the mixture, the gate's
+    one-mode product tree is priced too, so the chooser learns whether all modes pay."""
+    def best_of(tree_, modes):
+        logprobs = sorted((tree_.scores[1:].double() / SCORE_SCALE).tolist(), reverse=True)
+        return chooser.best(logprobs, modes)
+
+    m = scores.shape[0]
+    budget, _, rate = best_of(tree, m)
+    chooser.record("all" if m > 1 else "one", rate)
+    if method == "mixture" and round_method == "mixture" and m > 1:
+        gate = int(draft.mode_gate(cache.last_feature).argmax(-1)[0])
+        single = draft_tree(scores[gate : gate + 1], ids[gate : gate + 1], chooser.max_budget, anchor, vocab)
+        chooser.record("one", best_of(single, 1)[2])
+    chooser.settle()
+    return budget

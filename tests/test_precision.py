@@ -1,0 +1,80 @@
+"""What lossless means per dtype: fp32 identical; bf16 identical or diverging only at a near-tie
+of plain decoding's own logits -- and a wrong verifier is caught by that check."""
+
+import pytest
+import torch
+
+from mfd_hub.precision import auto_dtype, classify_divergence, resolve_dtype, rounding_bound
+from mfd_hub.remote import generation_mfd
+from mfd_hub.targets import greedy_decode
+from mfd_hub.testing import tiny_drafter, tiny_target
+
+METHODS = ("chain", "product", "mixture")
+
+
+def test_the_rounding_bound_per_dtype():
+    logits = torch.tensor([20.0, 1.0, -3.0])
+    assert rounding_bound(torch.float32, logits) == 0.0  # fp32: no tolerance at all
+    # bf16 has 7 fraction bits: one unit at 16 <= |z| < 32 is 2^(4-7) = 0.125
+    assert rounding_bound(torch.bfloat16, logits) == pytest.approx(8 * 0.125)
+    assert rounding_bound(torch.float16, logits) == pytest.approx(8 * 2.0 ** (4 - 10))
+
+
+def test_dtype_names_and_auto():
+    assert resolve_dtype("float32") is torch.float32 and resolve_dtype("bfloat16") is torch.bfloat16
+    assert auto_dtype("cpu") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="auto"):
+        resolve_dtype("double")
+
+
+def test_classification_by_hand():
+    logits = torch.zeros(4, 8)
+    logits[2, 5], logits[2, 6] = 10.0, 9.99  # plain chose 5 at step 2; 6 is a near-tie
+    assert classify_divergence([1, 2, 5, 3], [1, 2, 5, 3], logits, torch.bfloat16)["identical"]
+    near = classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.bfloat16)
+    assert near["step"] == 2 and near["near_tie"] and near["explained"]
+    assert near["gap"] == pytest.approx(0.01, rel=1e-4) and near["bound"] == pytest.approx(8 * 2.0 ** (3 - 7))
+    far = classify_divergence([1, 2, 5, 3], [1, 2, 0, 7], logits, torch.bfloat16)  # logit 0 vs 10: no tie
+    assert not far["explained"] and not far["near_tie"]
+    assert not classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.float32)["explained"]
+    assert not classify_divergence([1, 2], [1, 2, 9], logits, torch.bfloat16)["explained"]  # went past a stop
+
+
+@pytest.fixture(scope="module")
+def bf16_pair():
+    target = tiny_target("llama", vocab_size=16, init_std=0.2).to(torch.bfloat16)
+    return target, tiny_drafter(target, num_modes=4, block_size=8).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_output_is_identical_or_diverges_at_a_near_tie(bf16_pair, method):
+    target, drafter = bf16_pair
+    for seed in range(3):
+        ids = torch.randint(0, 16, (1, 6), generator=torch.Generator().manual_seed(seed))
+        plain, logits = greedy_decode(target, ids, 40, return_logits=True)
+        out = drafter.spec_generate(target, ids, max_new_tokens=40, method=method, tree_budget=16)
+        check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16)
+        assert check["explained"], check
+
+
+def test_a_wrong_verifier_is_caught(bf16_pair, monkeypatch):
+    """A verifier that, once, takes the target's LEAST likely token instead of its best emits a
+    token plain decoding was nowhere near choosing: the check must call that a bug."""
+    target, drafter = bf16_pair
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    plain, logits = greedy_decode(target, ids, 40, return_logits=True)
+    real = generation_mfd.next_tokens
+    calls = {"n": 0}
+
+    def wrong_next_tokens(node_logits, **rule):
+        calls["n"] += 1
+        chosen = real(node_logits, **rule)
+        if calls["n"] == 4 and node_logits.dim() == 2:  # the 3rd verify pass (call 1 is prefill)
+            chosen = node_logits.argmin(-1)
+        return chosen
+
+    monkeypatch.setattr(generation_mfd, "next_tokens", wrong_next_tokens)
+    out = drafter.spec_generate(target, ids, max_new_tokens=40, method="product", tree_budget=8)
+    check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16)
+    assert not check["identical"] and not check["explained"], check
+    assert check["gap"] > check["bound"]
