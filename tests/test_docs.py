@@ -207,6 +207,12 @@ SHRUNK = {
     "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --limit 1200 --max-new-tokens 192": (
         "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --limit 1200 --max-new-tokens 192 "
         "--limit 1 --max-new-tokens 8", "1,200 prompts (the miniature's data: hours on a CPU)"),
+    "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2-regen --max-new-tokens 256": (
+        "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2-regen --max-new-tokens 256 "
+        "--limit 1 --max-new-tokens 8", "256 sampled tokens per prompt"),
+    "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --engine generate --batch-size 8": (
+        "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --engine generate --batch-size 8 "
+        "--limit 1 --max-new-tokens 8", "2,048 sampled tokens per prompt"),
     "mfd-hub train my-recipe.yaml train.max_steps=200 output.dir=runs/try": (
         "mfd-hub train my-recipe.yaml train.max_steps=200 output.dir=runs/try train.max_steps=4",
         "200 steps of the tiny recipe (the later override wins)"),
@@ -246,10 +252,10 @@ CANNOT_RUN_HERE = {
         f"Qwen/Qwen3-8B; {SEEDED}",
         "mfd-hub regen --target Qwen/Qwen3-8B --prompts prompts.jsonl --out data.jsonl --batch-size 32 --no-thinking "
         "--limit 1 --max-new-tokens 8"),
-    "mfd-hub regen --target Qwen/Qwen3-8B --prompts hf:mlabonne/open-perfectblend --out data.jsonl --engine openai "
-    "--endpoint http://localhost:8000/v1 --concurrency 64": (
-        "needs a vLLM/SGLang server of Qwen3-8B and a Hub dataset; --engine openai is tested against a fake server "
-        "in tests/test_regen.py", None),
+    **{f"mfd-hub regen --target Qwen/Qwen3-8B --prompts hf:mlabonne/open-perfectblend --out {out} --engine openai "
+       "--endpoint http://localhost:8000/v1 --concurrency 64": (
+           "needs a vLLM/SGLang server of Qwen3-8B and a Hub dataset; --engine openai is tested against a fake "
+           "server in tests/test_regen.py", None) for out in ("data.jsonl", "data/qwen3-8b")},
     "torchrun --nproc-per-node 8 -m mfd_hub train MFD-Qwen3-8B data.train=data/qwen3-8b.jsonl": (
         "8 GPUs under torchrun and the 1.42M-prompt data; the recipe itself is checked by the documented --check form",
         "mfd-hub train MFD-Qwen3-8B data.train=data/qwen3-8b.jsonl --check"),

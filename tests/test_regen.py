@@ -4,12 +4,13 @@ import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import run_cli
-from mfd_hub.recipes.regen import read_prompts, regenerate
+from mfd_hub.recipes.regen import ContinuousEngine, read_prompts, regenerate
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_target, tiny_tokenizer
 
 PROMPTS = ["t3 t1 t4 t1 t5", "t9 t2 t6", "t5 t3 t5 t8 t9 t7", "t9 t3 t2", "t3 t8 t4 t6 t2 t6 t4"]
@@ -143,3 +144,233 @@ def test_prompt_records_of_every_supported_shape(tmp_path):
             {"conversations": [{"from": "human", "value": "sharegpt"}, {"from": "gpt", "value": "a"}]}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_prompts(path) == [("1", "just text"), ("7", "do it"), ("3", "hi"), ("4", "sharegpt")]
+
+
+# -- the continuous engine, shards, readers ----------------------------------------------------
+def _engine_prompts(count, seed, vocab):
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randrange(1, 10))] for _ in range(count)]
+
+
+class CountingShifts(ContinuousEngine):
+    """The real continuous engine, also counting its cache shifts (so a test knows it reached them)."""
+
+    shifts = 0
+
+    def _shift(self, longest):
+        self.shifts += 1
+        return super()._shift(longest)
+
+
+@pytest.mark.parametrize("stops", [[0], [0, 5]])
+def test_continuous_engine_is_greedy_decoding_of_each_prompt_alone(stops):
+    """T = 0, fp32: every answer equals transformers' greedy decoding of its prompt alone, token
+    for token, ending exactly at the first stop id (kept) or at max_new_tokens; rows are refilled
+    (more prompts than rows) and the cache shifts (small slack)."""
+    target = tiny_target("llama", vocab_size=16, init_std=0.2)
+    prompts = _engine_prompts(17, 1, 16)
+    engine = CountingShifts(target, stops, pad_id=0, batch_size=4)
+    engine.slack = 2
+    answers = dict(engine.stream(prompts, 0.0, 0.8, 20, 12, seed=0))
+    assert sorted(answers) == list(range(len(prompts))) and engine.shifts > 0
+    for index, prompt in enumerate(prompts):
+        response, reason = answers[index]
+        assert response == greedy_decode(target, torch.tensor([prompt]), 12, stop_ids=stops), index
+        ended = [i for i, token in enumerate(response) if token in stops]
+        assert ended == ([len(response) - 1] if reason == "stop" else [])
+        assert reason == "stop" or len(response) == 12
+    assert {reason for _, reason in answers.values()} == {"stop", "length"}
+
+
+def test_continuous_engine_samples_only_tokens_the_target_can_emit():
+    """T > 0: each token is among the top-k of the target's own logits at its position (teacher
+    forcing the prompt and the answer so far, one sequence alone) and inside the top-p nucleus."""
+    target = tiny_target("qwen3", vocab_size=64, init_std=0.1)
+    prompts = _engine_prompts(12, 2, 64)
+    engine = CountingShifts(target, [0], pad_id=0, batch_size=5)
+    top_k, top_p, temperature = 6, 0.7, 0.9
+    answers = dict(engine.stream(prompts, temperature, top_p, top_k, 10, seed=3))
+    not_argmax = 0
+    for index, prompt in enumerate(prompts):
+        response, _ = answers[index]
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        for step, token in enumerate(response):
+            values, candidates = (logits[step] / temperature).topk(top_k)
+            probs = values.softmax(-1)
+            before = probs.cumsum(-1) - probs
+            nucleus = candidates[before < top_p + 1e-5].tolist()
+            assert token in nucleus, (index, step, token, nucleus)
+            not_argmax += token != int(candidates[0])
+    assert not_argmax > 0  # it samples, it is not greedy
+    # the same seed draws the same answers
+    assert dict(engine.stream(prompts, temperature, top_p, top_k, 10, seed=3)) == answers
+
+
+def test_sample_next_draws_from_the_distribution_of_transformers_warpers():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from mfd_hub.recipes.regen import sample_next
+
+    torch.manual_seed(4)
+    logits = torch.randn(1, 40) * 2
+    scores = logits.clone()
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(8), TopPLogitsWarper(0.8)):
+        scores = warper(None, scores)
+    expected = scores.softmax(-1)[0]
+    draws = sample_next(logits.expand(20000, -1), 0.7, 0.8, 8, torch.Generator().manual_seed(0))
+    observed = torch.bincount(draws, minlength=40).float() / draws.numel()
+    assert set(draws.unique().tolist()) <= set(torch.nonzero(expected).flatten().tolist())
+    assert float((observed - expected).abs().sum()) < 0.03  # total variation, 20,000 draws
+    assert sample_next(logits, 0.0, 0.8, 8).tolist() == [int(logits.argmax())]
+
+
+def _records(path):
+    from mfd_hub.recipes.regen import json_lines
+
+    return [record for _, _, record in json_lines(path)]
+
+
+@pytest.fixture(scope="module")
+def regen_workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    target = tiny_target("llama", vocab_size=16, init_std=0.2)
+    tokenizer = tiny_tokenizer(16)
+    prompts = [(f"p{i}", " ".join(f"t{t}" for t in ids)) for i, ids in enumerate(_engine_prompts(11, 5, 16))]
+    reference = root / "reference.jsonl"
+    regenerate(target, tokenizer, prompts, reference, temperature=0.0, max_new_tokens=10, batch_size=3, chat=False)
+    return root, target, tokenizer, prompts, _records(reference)
+
+
+def test_folder_output_resumes_after_interruptions_without_duplicates_or_losses(regen_workspace):
+    import gzip
+    import hashlib
+
+    root, target, tokenizer, prompts, reference = regen_workspace
+    out = root / "data"
+    seen = []
+
+    def crash_after(n):
+        def progress(added):
+            seen.append(added)
+            if sum(seen) >= n:
+                raise KeyboardInterrupt  # what a session ending mid-run does
+        return progress
+
+    kwargs = dict(temperature=0.0, max_new_tokens=10, batch_size=3, chat=False, shard_size=3)
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(target, tokenizer, prompts, out, progress=crash_after(4), **kwargs)
+    first = len(_records(out))
+    assert 4 <= first < 6
+    assert sorted(p.name for p in out.iterdir()) == [".part-00001.jsonl", "part-00000.jsonl.gz", "regen.json"]
+    shard = out / "part-00000.jsonl.gz"
+    shard_bytes = shard.read_bytes()
+    assert [json.loads(line) for line in gzip.decompress(shard_bytes).splitlines()] == reference[:3]
+    # a write cut short, and a shard whose compression a crash interrupted
+    with (out / ".part-00001.jsonl").open("a") as handle:
+        handle.write('{"id": "p9", "prompt": "t1 t2", "respon')
+    (out / ".part-00001.jsonl.gz.tmp").write_bytes(b"\x1f\x8b half a shard")
+    assert _records(out) == reference[:first]  # readers skip both
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(target, tokenizer, prompts, out, progress=crash_after(3), **kwargs)
+    second = len(_records(out))
+    assert second >= first + 3
+    written = regenerate(target, tokenizer, prompts, out, **kwargs)
+    assert written == len(prompts) - second
+    assert shard.read_bytes() == shard_bytes  # complete shards are never rewritten
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [".part-00003.jsonl", "part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz",
+                     "regen.json"]
+    for number in range(3):
+        assert len(gzip.decompress((out / f"part-{number:05d}.jsonl.gz").read_bytes()).splitlines()) == 3
+    assert _records(out) == reference  # every prompt once, in prompt order, the same answers
+    assert regenerate(target, tokenizer, prompts, out, **kwargs) == 0
+    # gzip shards are byte-for-byte reproducible (no time stamp, no file name inside)
+    again = root / "again"
+    regenerate(target, tokenizer, prompts, again, **kwargs)
+    for number in range(3):
+        name = f"part-{number:05d}.jsonl.gz"
+        assert hashlib.sha256((again / name).read_bytes()).digest() == hashlib.sha256((out / name).read_bytes()).digest()
+    runs = json.loads((out / "regen.json").read_text())["runs"]
+    assert [run["first_record"] for run in runs] == [0, first, second]
+    assert all(run["engine"] == "continuous" and run["dtype"] == "float32" and run["top_k"] == 20 for run in runs)
+
+
+def test_a_shard_left_beside_its_copy_in_progress_is_not_counted_twice(regen_workspace):
+    import gzip
+
+    root, target, tokenizer, prompts, reference = regen_workspace
+    out = root / "leftover"
+    kwargs = dict(temperature=0.0, max_new_tokens=10, batch_size=3, chat=False, shard_size=4)
+    regenerate(target, tokenizer, prompts[:5], out, **kwargs)
+    # a crash after the shard was renamed into place, before its copy in progress was removed
+    (out / ".part-00000.jsonl").write_bytes(gzip.decompress((out / "part-00000.jsonl.gz").read_bytes()))
+    assert _records(out) == reference[:5]
+    regenerate(target, tokenizer, prompts, out, **kwargs)
+    assert _records(out) == reference
+    assert not (out / ".part-00000.jsonl").exists()
+
+
+def test_every_reader_accepts_a_folder_a_gzip_file_and_a_plain_file(regen_workspace):
+    import gzip
+
+    from mfd_hub.converters import count_token_frequencies
+    from mfd_hub.recipes.data import load_sequences
+
+    root, target, tokenizer, prompts, reference = regen_workspace
+    folder = root / "readers"
+    regenerate(target, tokenizer, prompts, folder, temperature=0.0, max_new_tokens=10, chat=False, shard_size=5)
+    plain = root / "reference.jsonl"
+    packed = root / "reference.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    forms = [plain, packed, folder]
+    sequences = [load_sequences(form, 64) for form in forms]
+    assert all([(s.id, s.ids, s.prompt_len) for s in got[0]] == [(s.id, s.ids, s.prompt_len) for s in sequences[0][0]]
+               for got in sequences)
+    assert all(read_prompts(form) == [(r["id"], r["prompt"]) for r in reference] for form in forms)
+    counts = [count_token_frequencies(form, 16) for form in forms]
+    assert all(torch.equal(c, counts[0][0]) and n == len(reference) for c, n in counts)
+
+
+def test_regen_command_writes_shards_and_refuses_bad_outputs(setup, tmp_path, capsys):
+    """In process (mfd_hub.cli.main, the console script's entry point): a folder output with
+    --shard-size, the old engine to a file, and bad outputs as one error line."""
+    import subprocess
+
+    from mfd_hub.cli import main
+
+    def run(args):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        captured = capsys.readouterr()
+        return exit_info.value.code, captured.out, captured.err
+
+    root, _, _, local = setup
+    base = ["regen", "--target", str(root / "target"), "--prompts", str(root / "prompts.jsonl"), "--temperature", "0",
+            "--max-new-tokens", "12", "--no-chat-template"]
+    main(base + ["--out", str(tmp_path / "data"), "--shard-size", "2", "--dtype", "float32", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["layout"] == "folder" and summary["engine"] == "continuous" and summary["dtype"] == "float32"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [
+        ".part-00002.jsonl", "part-00000.jsonl.gz", "part-00001.jsonl.gz", "regen.json"]
+    assert _records(tmp_path / "data") == local
+    main(base + ["--out", str(tmp_path / "old.jsonl"), "--engine", "generate", "--batch-size", "2"])
+    assert [json.loads(line) for line in (tmp_path / "old.jsonl").read_text().splitlines()] == local
+    assert json.loads((tmp_path / "old.jsonl.regen.json").read_text())["runs"][0]["engine"] == "generate"
+    for args, message in ((["--out", str(tmp_path / "x.jsonl.gz")], "gzip"),
+                          (["--out", str(tmp_path / "y.jsonl"), "--shard-size", "3"], "--shard-size"),
+                          (["--out", str(tmp_path / "z"), "--prompts", str(tmp_path / "none.jsonl")], "not found")):
+        code, _, err = run(base + args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code != 0 and lines[-1].startswith("error:") and message in lines[-1], err
+        assert "Traceback" not in err
+    # git keeps complete shards and the sidecar, ignores the shard in progress
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        probe = subprocess.run(["git", "check-ignore", "--no-index", "data/.part-00002.jsonl", "data/part-00000.jsonl.gz",
+                                "data/regen.json", "data/.part-00003.jsonl.gz.tmp"],
+                               cwd=repo, capture_output=True, text=True)
+        assert probe.stdout.split() == ["data/.part-00002.jsonl", "data/.part-00003.jsonl.gz.tmp"]
