@@ -241,7 +241,7 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
 
     from mfd_hub.cards.model_card import render_card
     from mfd_hub.cards.registry import load_registry
-    from mfd_hub.checkpoint import resolve_drafter
+    from mfd_hub.locate import resolve_drafter
 
     registry = registry or load_registry()
     drafter = registry.get(name)

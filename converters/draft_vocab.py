@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from mfd_hub.checkpoint import load_draft, resolve_drafter, save_draft
+from mfd_hub.checkpoint import load_draft, save_draft
+from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
 from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype

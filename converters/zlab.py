@@ -10,7 +10,8 @@ arguments give the same checkpoint.
 
 import torch
 
-from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, resolve_drafter, save_draft
+from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, save_draft
+from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
 from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype

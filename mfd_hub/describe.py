@@ -44,7 +44,7 @@ def describe_checkpoint(path):
     from safetensors import safe_open
 
     from .bundle import bundle_version_of
-    from .checkpoint import resolve_drafter
+    from .locate import resolve_drafter
 
     folder = resolve_drafter(path)
     fmt, config = checkpoint_config(folder)

@@ -149,7 +149,7 @@ def stop_ids_of(tokenizer, model):
 def _target_folder(spec):
     """A target's local folder: the folder itself, a Hub id's cached snapshot (downloaded when
     online), or the embedded SmolLM2's converted copy."""
-    from .checkpoint import resolve_checkpoint_dir
+    from .locate import resolve_checkpoint_dir
 
     if is_smollm2(spec):
         return smollm2_cached_dir()

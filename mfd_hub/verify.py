@@ -571,7 +571,7 @@ def verify_checkpoint(path, target=None, listener=None):
     with each CheckResult as it is decided (progress for long runs). Never raises for a damaged
     checkpoint: every problem becomes a failed check.
     """
-    from .checkpoint import resolve_drafter
+    from .locate import resolve_drafter
     from .errors import MfdHubError
 
     report = VerifyReport(path=str(path), listener=listener)

@@ -9,10 +9,11 @@ from mfd_hub.remote.sampling_mfd import sampling_probs
 from mfd_hub.testing import tiny_drafter, tiny_target
 
 # Power: against the biased verifier of test_generation (argmax instead of a sample 15% of the
-# time) 2,000 samples already give p = 2e-20 and 5,000 give 1e-45 (measured), far below the 1e-6
-# the test demands, so 3,000 keep the power against it at 1 for all practical purposes; the
-# honest cases' false-alarm rate is the 1e-3 threshold whatever the sample size.
-SAMPLES = 3_000
+# time), measured with this file's seed: 1,000 samples give p = 5e-11, 1,500 give 7e-17, 2,000
+# give 2e-20 and 5,000 1e-45, all far below the 1e-6 the test demands; 1,500 keep ten orders of
+# magnitude of margin there. The honest cases' false-alarm rate is the 1e-3 threshold whatever
+# the sample size.
+SAMPLES = 1_500
 NEW_TOKENS = 3
 
 SAMPLING_CASES = [

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import run_cli
 from mfd_hub import save_draft
-from mfd_hub.checkpoint import resolve_drafter
+from mfd_hub.locate import resolve_drafter
 from mfd_hub.cli import cli
 from mfd_hub.errors import DrafterNameNote, MfdHubError
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_drafter, tiny_target

@@ -284,6 +284,10 @@ PARSE_ONLY = {
     "mfd-hub push MFD-D-Qwen3-4B --path ./ckpt --repo-id me/MFD-D-Qwen3-4B --private --tag v1.1 --json": (
         "a Hub upload; its dry run costs as much as the one that runs (verify's AutoModel process)",
         "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B --dry-run"),
+    "mfd-hub verify MFD-SmolLM2-135M DPACE-SmolLM2-135M DFlash-SmolLM2-135M": (
+        "each drafter gets the checks of verify MFD-SmolLM2-135M --target smollm2, less the target's; several "
+        "drafters in one process are tests/test_verify.py's damaged corpus",
+        "mfd-hub verify MFD-SmolLM2-135M --target smollm2"),
     "mfd-hub verify ./MFD-Qwen3-8B": (
         "push --dry-run runs every check of verify on the same folder first",
         "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B --dry-run"),
@@ -526,7 +530,7 @@ def parse_command(argv):
     need the network."""
     import click
 
-    from mfd_hub.checkpoint import resolve_drafter
+    from mfd_hub.locate import resolve_drafter
     from mfd_hub.cli import cli
 
     command, ctx, rest, name = cli, click.Context(cli, info_name="mfd-hub"), list(argv), "mfd-hub"

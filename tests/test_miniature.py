@@ -252,14 +252,21 @@ def test_prompts_asked_for_too_many_is_an_error(prompt_set):
 
 @pytest.mark.slow
 def test_demo_runs_offline_and_every_method_matches_plain_decoding(tmp_path):
-    result = run_cli(["demo", "--max-new-tokens", "40", "--budget", "16", "--json"], tmp_path,
-                     extra_env={"HF_HUB_OFFLINE": "1"})
+    result = run_cli(["demo", "--max-new-tokens", "40", "--budget", "16", "--dtype", "float32", "--repeats", "1",
+                      "--json"], tmp_path, extra_env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout)
-    assert out["drafter"] == "MFD-SmolLM2-135M"
-    assert [r["method"] for r in out["runs"]] == ["plain", "chain", "product", "mixture"]
-    assert all(r["identical"] for r in out["runs"])
-    assert all(r["tau"] >= 1 for r in out["runs"][1:])
+    assert out["drafter"] == "MFD-SmolLM2-135M" and out["dtype"] == "float32"
+    methods = [r["method"] for r in out["runs"]]
+    assert methods == ["plain float32", "plain bfloat16", "chain", "product", "mixture"]
+    speculative = out["runs"][2:]
+    assert all(r["lossless"]["identical"] for r in speculative)  # fp32: token-identical, not only explained
+    assert all(r["tau"] >= 1 and r["budget"] == 16 for r in speculative)
+    # the baseline is the faster plain decoding, and every speedup is against it
+    plain = {r["method"]: r["tokens_per_second"] for r in out["runs"][:2]}
+    assert out["baseline"]["method"] == max(plain, key=plain.get)
+    for r in out["runs"]:
+        assert abs(r["speedup"] - r["tokens_per_second"] / out["baseline"]["tokens_per_second"]) < 1e-9
     assert out["runs"][0]["new_tokens"] <= 40 and out["text"].strip()
 
 

@@ -251,24 +251,50 @@ def test_the_corpus_is_large_enough():
     assert len(DAMAGE) >= 20
 
 
-@pytest.mark.parametrize("name", sorted(DAMAGE))
-def test_damaged_checkpoint_is_rejected(corpus, name):
-    base, _, check, *extra = DAMAGE[name]
-    args = [a.replace("OTHER_TARGET", str(corpus / "other-target")) for a in (extra[0] if extra else [])]
-    folder = corpus / name
+@pytest.fixture(scope="module")
+def damaged_reports(corpus):
+    """Every damaged copy verified by the real CLI, one ``mfd-hub verify --json A B ...`` process per
+    distinct set of extra arguments (a process per checkpoint would pay torch's import 40 times)
+    -> {name: (that process's result, the name's report)}, and the corpus before and after."""
+    groups = {}
+    for name in sorted(DAMAGE):
+        base, _, check, *extra = DAMAGE[name]
+        args = tuple(a.replace("OTHER_TARGET", str(corpus / "other-target")) for a in (extra[0] if extra else []))
+        groups.setdefault(args, []).append(name)
     before = tree_state(corpus)
-    result = run_cli(["verify", str(folder), "--json", *args], corpus)
+    found = {}
+    for args, names in groups.items():
+        result = run_cli(["verify", "--json", *args, *(str(corpus / n) for n in names)], corpus)
+        reports = json.loads(result.stdout) if result.stdout.strip() else []
+        reports = reports if isinstance(reports, list) else [reports]
+        assert len(reports) == len(names), result.stderr
+        found.update({n: (result, r) for n, r in zip(names, reports)})
+    return found, before, tree_state(corpus)
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGE))
+def test_damaged_checkpoint_is_rejected(damaged_reports, name):
+    found, before, after = damaged_reports
+    check = DAMAGE[name][2]
+    result, report = found[name]
     assert result.returncode == 1 and one_error_line(result), result.stderr
-    report = json.loads(result.stdout)
+    assert name in result.stderr.splitlines()[-1]  # the error line names every failed drafter
     failed = {c["name"]: c["reason"] for c in report["checks"] if c["status"] == FAIL}
     assert not report["ok"] and check in failed, (name, report)
     assert all(reason and "\n" not in reason and "Traceback" not in reason for reason in failed.values())
-    after = tree_state(corpus)
     assert {k: v for k, v in after.items() if not k.startswith("hf_home")} == {
         k: v for k, v in before.items() if not k.startswith("hf_home")
     }  # verify wrote nothing (and executed nothing: no PWNED marker)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses.get("auto-model") in (SKIP, None)  # damaged code or weights are never executed
+
+
+def test_one_damaged_checkpoint_alone_is_one_error_line_naming_its_check(corpus):
+    result = run_cli(["verify", str(corpus / "nan"), "--json"], corpus)
+    assert result.returncode == 1 and one_error_line(result), result.stderr
+    report = json.loads(result.stdout)
+    assert isinstance(report, dict) and not report["ok"]
+    assert "check(s): finite" in result.stderr.splitlines()[-1]
 
 
 def test_header_parser_accepts_what_the_library_writes(tmp_path):

@@ -13,7 +13,7 @@ identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd
 import statistics
 import time
 
-from mfd_hub.checkpoint import resolve_drafter
+from mfd_hub.locate import resolve_drafter
 
 from .shipped import load_with_auto_model
 
@@ -39,7 +39,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         bar.set_postfix_str("SmolLM2-135M-Instruct")
         target32, tokenizer = load_target(SMOLLM2)
         bar.update(1)
-        bar.set_postfix_str(f"{folder.name} (AutoModel, trust_remote_code)")
+        bar.set_postfix_str(f"{os.path.basename(os.path.normpath(str(drafter)))} (AutoModel, trust_remote_code)")
         draft = load_with_auto_model(folder).to(spec_dtype)
         bar.update(1)
     # plain decoding in fp32 and in bf16: the baseline is whichever is faster here
@@ -108,7 +108,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
             log(f"  {name:<8} tau {row['tau']:.2f}, {row['tokens_per_second']:.1f} tok/s")
     return {
         "prompt": prompt,
-        "drafter": folder.name,
+        "drafter": os.path.basename(os.path.normpath(str(drafter))),  # as named, not the cache folder
         "target": "SmolLM2-135M-Instruct",
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),

@@ -8,7 +8,7 @@ digest of the zoo files and the bundle, so a new mfd-hub version or a retrained 
 fresh one.
 
 Commands and library functions name a shipped drafter by its name wherever they take a drafter:
-``mfd_hub.checkpoint.resolve_drafter`` turns a name into the loadable folder given here.
+``mfd_hub.locate.resolve_drafter`` turns a name into the loadable folder given here.
 """
 
 import hashlib

@@ -1,6 +1,6 @@
 """How a command takes a drafter: one spelling (the DRAFTER argument, or the ``--drafter``
 option), three forms, the same words in every --help. The name is resolved by
-``mfd_hub.checkpoint.resolve_drafter`` and nowhere else."""
+``mfd_hub.locate.resolve_drafter`` and nowhere else."""
 
 import inspect
 
@@ -18,13 +18,15 @@ def drafter_help(what):
     return f"{what}: {FORMS}."
 
 
-def drafter_argument(name="drafter", metavar="DRAFTER"):
-    """A command's drafter argument (a decorator); its forms are appended to the command's help."""
+def drafter_argument(name="drafter", metavar="DRAFTER", nargs=1):
+    """A command's drafter argument (a decorator); its forms are appended to the command's help.
+    ``nargs=-1``: any number of drafters (the command checks that one was given)."""
 
     def decorate(function):
         doc = inspect.cleandoc(function.__doc__ or "")
-        function.__doc__ = f"{doc}\n\n{metavar} is {FORMS}. {RULE}"
-        return click.argument(name, metavar=metavar)(function)
+        each = "Each DRAFTER" if nargs != 1 else metavar
+        function.__doc__ = f"{doc}\n\n{each} is {FORMS}. {RULE}"
+        return click.argument(name, metavar=metavar, nargs=nargs)(function)
 
     return decorate
 

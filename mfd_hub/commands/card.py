@@ -43,7 +43,7 @@ def write_text_atomically(dest, text):
               help="Write the card to this file instead of printing it.")
 def card(name, path, repo_id, out):
     """Render the model card of drafter NAME (see 'mfd-hub list') as README.md markdown."""
-    from ..checkpoint import resolve_drafter
+    from ..locate import resolve_drafter
     from ..describe import checkpoint_config
     from ..cards.model_card import render_card
     from ..cards.registry import load_registry
