@@ -129,10 +129,18 @@ def draft_candidates(logits, k):
     return scores.reshape(*logits.shape[:-1], -1), ids.reshape(*logits.shape[:-1], -1)
 
 
-def build_chain(top_ids, anchor, length=None, mode=0):
-    """The argmax path of one mode: top_ids [L, >=1] -> DraftTree with min(L, length) nodes."""
+def build_chain(top_ids, anchor, length=None, mode=0, top_scores=None):
+    """The argmax path of one mode: top_ids [L, >=1] -> DraftTree with min(L, length) nodes.
+
+    top_scores [L, >=1] (quantised, as ``top_candidates`` gives them): each node's score is then
+    its prefix score, as in the trees (the auto budget calibrates on it); without them, 0."""
     depth = top_ids.shape[0] if length is None else min(length, top_ids.shape[0])
     device = top_ids.device
+    if top_scores is None:
+        scores = torch.zeros(depth + 1, dtype=torch.int64, device=device)
+    else:
+        scores = torch.cat([torch.zeros(1, dtype=torch.int64, device=device),
+                            torch.cumsum(top_scores[:depth, 0].to(torch.int64), dim=0)])
     # torch.full passes the anchor as a kernel argument: unlike a copy of a host list, no sync
     tokens = torch.cat([torch.full((1,), int(anchor), dtype=top_ids.dtype, device=device), top_ids[:depth, 0]])
     steps = torch.arange(depth + 1, device=device)
@@ -140,7 +148,7 @@ def build_chain(top_ids, anchor, length=None, mode=0):
         tokens=tokens,
         parents=steps - 1,
         depths=steps,
-        scores=torch.zeros(depth + 1, dtype=torch.int64, device=device),
+        scores=scores,
         modes=torch.where(steps == 0, -1, mode),
     )
 

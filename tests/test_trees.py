@@ -177,6 +177,10 @@ def test_chain_is_the_argmax_path():
     tree = build_chain(ids, anchor=4, length=4)
     assert tree.tokens.tolist() == [4] + lp[0, :4].argmax(-1).tolist()
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3]
+    assert tree.scores.tolist() == [0] * 5  # no scores given
+    scores, ids = top_candidates(quantize_logprobs(lp[0]), 1)
+    scored = build_chain(ids, anchor=4, length=4, top_scores=scores)
+    assert scored.scores.tolist() == [0] + torch.cumsum(scores[:4, 0], 0).tolist()  # prefix scores, as in trees
 
 
 def test_budget_one_and_single_chain_trees():

@@ -254,7 +254,7 @@ def spec_generate(
                 if auto:
                     budget = _auto_chain_length(chooser, top, depth)
                     max_depth = min(depth, budget)
-                tree = build_chain(ids, anchor, length=budget)
+                tree = build_chain(ids, anchor, length=budget, top_scores=top)
             else:
                 scores, ids = draft_candidates(logits, budget)
                 tree = draft_tree(scores, ids, budget, anchor, logits.shape[-1])
