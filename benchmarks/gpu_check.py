@@ -446,30 +446,6 @@ def median_ms(fn, repeats, device, warmup=2, after=None):
     return statistics.median(samples)
 
 
-def random_tree(rng, n, max_depth=None):
-    """tokens, parents, depths of an n-node tree: parents before children, siblings with distinct
-    tokens (as every draft tree), depth at most ``max_depth``."""
-    import torch
-
-    parents, depths, tokens, used = [-1], [0], [rng.randrange(50)], {}
-    for i in range(1, n):
-        p = rng.choice([j for j in range(i) if max_depth is None or depths[j] < max_depth])
-        taken = used.setdefault(p, set())
-        token = rng.choice([t for t in range(len(taken) + 2) if t not in taken])
-        taken.add(token)
-        parents.append(p)
-        depths.append(depths[p] + 1)
-        tokens.append(token)
-    return torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths)
-
-
-def chain_tree(n):
-    import torch
-
-    steps = torch.arange(n)
-    return steps % 3, steps - 1, steps
-
-
 def max_error(got, want):
     diff = (got.double() - want.double()).abs()
     return float(diff.max()) if diff.numel() else 0.0
@@ -614,6 +590,7 @@ def run_kernel_checks(report, device, shapes):
 
 
 def check_kernels(report, device, shapes, pool):
+    from mfd_hub.testing import chain_tree, random_tree
     import torch
 
     from mfd_hub.kernels import backend

@@ -206,3 +206,25 @@ def tiny_registry_drafter(drafter, seed=1, **overrides):
                          default_path=identity["default_path"], seed=seed)
     model.config.target["name_or_path"] = drafter.target.repo
     return model
+
+
+def random_tree(rng, n, max_depth=None):
+    """(tokens, parents, depths) of an n-node tree drawn with ``rng`` (a ``random.Random``):
+    parents before children, siblings with distinct tokens (as every draft tree), depth at most
+    ``max_depth``. For the kernel tests and the GPU check."""
+    parents, depths, tokens, used = [-1], [0], [rng.randrange(50)], {}
+    for i in range(1, n):
+        p = rng.choice([j for j in range(i) if max_depth is None or depths[j] < max_depth])
+        taken = used.setdefault(p, set())
+        token = rng.choice([t for t in range(len(taken) + 2) if t not in taken])
+        taken.add(token)
+        parents.append(p)
+        depths.append(depths[p] + 1)
+        tokens.append(token)
+    return torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths)
+
+
+def chain_tree(n):
+    """(tokens, parents, depths) of an n-node chain."""
+    steps = torch.arange(n)
+    return steps % 3, steps - 1, steps

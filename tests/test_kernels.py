@@ -18,29 +18,10 @@ from mfd_hub.kernels.tree_attention import (
     verify_attention_bias_reference,
 )
 from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates, draft_tree, log_normaliser, top_candidates
-from mfd_hub.testing import tiny_drafter, tiny_target
+from mfd_hub.testing import chain_tree, random_tree, tiny_drafter, tiny_target
 from test_generation import greedy_reference
 
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "modes")
-
-
-def random_tree(rng, n):
-    """Parents before children, siblings with distinct tokens (as every draft tree)."""
-    parents, depths, tokens, used = [-1], [0], [rng.randrange(50)], {}
-    for i in range(1, n):
-        p = rng.randrange(i)
-        taken = used.setdefault(p, set())
-        token = rng.choice([t for t in range(len(taken) + 2) if t not in taken])
-        taken.add(token)
-        parents.append(p)
-        depths.append(depths[p] + 1)
-        tokens.append(token)
-    return torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths)
-
-
-def chain_tree(n):
-    steps = torch.arange(n)
-    return steps % 3, steps - 1, steps
 
 
 # ---- the backend switch ----------------------------------------------------------------------
