@@ -5,9 +5,9 @@ import torch
 
 from mfd_hub.version import __version__
 from mfd_hub.errors import MfdHubError, UsageError
+from mfd_hub.precision import DTYPES
 from mfd_hub.remote.modeling_mfd import DFlashDraftModel
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _SAFETENSORS_FLOATS = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 
 
@@ -16,12 +16,8 @@ def parse_dtype(name):
     if name is None:
         return None
     if name not in DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, not {name!r}")
+        raise UsageError(f"dtype must be one of {', '.join(sorted(DTYPES))}, not {name!r}")
     return DTYPES[name]
-
-
-def dtype_name(dtype):
-    return str(dtype).removeprefix("torch.")
 
 
 def build_drafter(config, state_dict):

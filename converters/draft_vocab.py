@@ -24,7 +24,9 @@ from mfd_hub.checkpoint import load_draft, save_draft
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
-from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype
+from mfd_hub.precision import dtype_name
+
+from .common import build_drafter, copy_config, record_conversion, stored_float_dtype
 
 ID_FIELDS = ("response_ids", "token_ids", "input_ids", "ids")
 TEXT_FIELDS = ("response", "text", "completion")

@@ -15,7 +15,9 @@ from mfd_hub.checkpoint import save_draft
 from mfd_hub.errors import MfdHubError
 from mfd_hub.recipes.train_checkpoint import MODEL_DIR, is_train_checkpoint, load_train_checkpoint
 
-from .common import dtype_name, record_conversion
+from mfd_hub.precision import dtype_name
+
+from .common import record_conversion
 
 _STEP = re.compile(r"^step-(\d+)$")
 

@@ -14,7 +14,9 @@ from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, 
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
-from .common import build_drafter, copy_config, dtype_name, record_conversion, stored_float_dtype
+from mfd_hub.precision import dtype_name
+
+from .common import build_drafter, copy_config, record_conversion, stored_float_dtype
 
 
 def init_modes(num_modes, hidden_size, seed, mode_std, gate_std):

@@ -260,6 +260,18 @@ def write_outputs(rows, out_dir, meta):
     return written
 
 
+def target_in_each_dtype(target, spec_dtype):
+    """{dtype: the fp32 ``target`` in it} for fp32, bf16 and the speculation's dtype: plain decoding
+    runs in each, and the fastest of them is the baseline every speedup is measured against."""
+    import copy
+
+    targets = {torch.float32: target}
+    for extra in (torch.bfloat16, spec_dtype):
+        if extra not in targets:
+            targets[extra] = copy.deepcopy(target).to(extra)
+    return targets
+
+
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n"
 
 
@@ -298,8 +310,6 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
 
     Raises MfdHubError, after writing the results, when a T = 0 output diverged from plain
     decoding beyond what rounding in the dtype explains."""
-    import copy
-
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
@@ -316,11 +326,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         log(f"loading target {target_spec}")
     target, tokenizer = load_target(target_spec)
     spec_dtype = resolve_dtype(dtype, target.device)
-    # plain decoding in fp32 and in bf16 (and in the speculation's dtype): the fastest is the baseline
-    targets = {torch.float32: target}
-    for extra in (torch.bfloat16, spec_dtype):
-        if extra not in targets:
-            targets[extra] = copy.deepcopy(target).to(extra)
+    targets = target_in_each_dtype(target, spec_dtype)
     drafters = {label: draft.to(spec_dtype) for label, draft in drafters.items()}
     if tokenizer is None:
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")

@@ -15,6 +15,7 @@ import time
 
 from mfd_hub.locate import resolve_drafter
 
+from .bench import target_in_each_dtype
 from .shipped import load_with_auto_model
 
 DEMO_METHODS = ("chain", "product", "mixture")
@@ -23,7 +24,6 @@ DEMO_METHODS = ("chain", "product", "mixture")
 def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=128, dtype="auto", repeats=3, log=None):
     """-> a dict: the text, the baseline, and per configuration tokens, tau, tok/s, speedup over the
     fastest plain decoding, and the lossless check."""
-    import copy
     import os
 
     import torch
@@ -42,10 +42,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         bar.set_postfix_str(f"{os.path.basename(os.path.normpath(str(drafter)))} (AutoModel, trust_remote_code)")
         draft = load_with_auto_model(folder).to(spec_dtype)
         bar.update(1)
-    # plain decoding in fp32 and in bf16: the baseline is whichever is faster here
-    targets = {torch.float32: target32, torch.bfloat16: copy.deepcopy(target32).to(torch.bfloat16)}
-    if spec_dtype not in targets:
-        targets[spec_dtype] = copy.deepcopy(target32).to(spec_dtype)
+    targets = target_in_each_dtype(target32, spec_dtype)  # the fastest plain decoding is the baseline
     ids = encode_prompt(tokenizer, prompt)
     stops = stop_ids_of(tokenizer, target32)
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
@@ -58,9 +55,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         return lambda: draft.spec_generate(target, ids, max_new_tokens=max_new_tokens, method=method,
                                            tree_budget=budget, stop_token_ids=stops)
 
-    configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in (torch.float32, torch.bfloat16)]
-    if spec_dtype not in (torch.float32, torch.bfloat16):
-        configs.append((f"plain {dtype_name(spec_dtype)}", plain(spec_dtype)))
+    configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in targets]  # fp32, bf16, then the spec dtype
     configs += [(method, spec(method)) for method in methods]
 
     # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
