@@ -3,7 +3,9 @@
 The order is the safety argument:
 
 1. ``verify_checkpoint`` and the registry's identity check run first; a checkpoint that fails
-   either is refused before any network call.
+   either is refused before any network call. The verdict is kept in the mfd-hub cache keyed by
+   the folder's bytes and the versions (``verify_checkpoint_once``): pushing the same bytes again
+   (after a dry run, or a failed upload) reuses it.
 2. The card is rendered from the registry (a README.md in the folder is replaced, never sent).
 3. The plan: every file's size, sha256 and git blob id, compared with the remote branch (from its
    refs and tree listing) as new / changed / unchanged, plus remote files the folder no longer
@@ -66,6 +68,7 @@ class PushPlan:
     files: list
     deleted: list
     remote: RemoteState
+    verification: str = "checked"  # or "reused": the same bytes passed under the same versions before
 
     @property
     def changed(self):
@@ -93,6 +96,7 @@ class PushPlan:
             "revision": self.revision,
             "tag": self.tag,
             "folder": self.folder,
+            "verification": self.verification,
             "remote": {"checked": self.remote.checked, "exists": self.remote.exists, "head": self.remote.head},
             "files": [f.to_dict() for f in self.files],
             "deleted": list(self.deleted),
@@ -216,9 +220,9 @@ def check_checkpoint(drafter, folder):
     """Refuse, before anything touches the network, a checkpoint that is unsound or is not the
     drafter the registry describes."""
     from mfd_hub.describe import checkpoint_config
-    from mfd_hub.verify import verify_checkpoint
+    from mfd_hub.verify import verify_checkpoint_once
 
-    report = verify_checkpoint(folder, target=None)
+    report, reused = verify_checkpoint_once(folder)
     if not report.ok:
         first = report.failures()[0]
         more = len(report.failures()) - 1
@@ -228,7 +232,7 @@ def check_checkpoint(drafter, folder):
     problems = drafter.mismatches(config)
     if problems:
         raise MfdHubError(f"{folder} is not {drafter.name} as the registry describes it: " + "; ".join(problems))
-    return report
+    return "reused" if reused else "checked"
 
 
 def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=None, dry_run=False, progress=True,
@@ -254,7 +258,7 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
     repo_id = repo_id or drafter.repo_id
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise UsageError(f"--repo-id must be owner/name, not {repo_id!r}")
-    check_checkpoint(drafter, folder)
+    verification = check_checkpoint(drafter, folder)
     card = render_card(drafter, path=folder, repo_id=repo_id, registry=registry)
     entries = collect_files(folder, card)
     planned = hash_entries(entries, progress=progress)
@@ -273,7 +277,7 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
             state = RemoteState(checked=f"not compared ({error}): every file counts as new")
     deleted = compare(planned, state)
     plan = PushPlan(name=drafter.name, repo_id=repo_id, revision=revision, tag=tag or drafter.release,
-                    folder=str(folder), files=planned, deleted=deleted, remote=state)
+                    folder=str(folder), files=planned, deleted=deleted, remote=state, verification=verification)
     return plan, entries, api
 
 

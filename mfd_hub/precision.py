@@ -2,7 +2,11 @@
 
 Speculation pays where a tree verify costs little more than one decode step. On CPUs with native
 bf16 (AMX-BF16 / AVX512-BF16) a 16-node bf16 verify costs about 1.1 decode steps against 2.3 in
-fp32, so ``auto`` picks bf16 there, bf16 (else fp16) on CUDA, and fp32 elsewhere.
+fp32, so ``auto`` picks bf16 there, bf16 (else fp16) on CUDA, and fp32 elsewhere. The miniature's
+``demo`` and ``bench`` measure instead (``mfd_hub.zoo.bench.measured_dtype``): on a CPU the target
+speculates in the dtype of its fastest plain decoding, timed on this machine (bf16 even on an AVX2
+CPU, where its memory-bound decode step is the faster one), and ``drafter_dtype`` keeps the drafter
+in fp32 where bf16 is emulated.
 
 The guarantee per dtype (T = 0):
 - float32: token-identical to plain greedy decoding. No tolerance.
@@ -58,6 +62,19 @@ def auto_dtype(device="cpu"):
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
+
+
+def drafter_dtype(dtype, device="cpu"):
+    """The drafter's dtype beside a target speculating in ``dtype`` under ``--dtype auto``: the same,
+    except bf16/fp16 on a CPU without native bf16. There the drafter's pass (a block of rows per
+    mode: compute-bound) runs emulated at about half its fp32 speed (SmolLM2 miniature, 2 cores:
+    23.7 against 11.9 ms for one mode, 157 against 27 ms for eight), while the target's one-row
+    decode step, bound by memory traffic, still gains from bf16; so the drafter stays in fp32.
+    Mixed precision changes nothing emitted: the target verifies in its own dtype."""
+    device = torch.device(device)
+    if dtype in FRACTION_BITS and device.type == "cpu" and not cpu_has_native_bf16():
+        return torch.float32
+    return dtype
 
 
 def resolve_dtype(name, device="cpu"):

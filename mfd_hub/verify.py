@@ -623,3 +623,70 @@ def verify_checkpoint(path, target=None, listener=None):
     run("spec-decoding", check_spec_decoding, target, bool(report.failures()), needs=("tensors",))
     return report
 
+
+
+# -- a verdict reused while nothing it depends on changed ---------------------------------------
+VERDICT_CACHE = "verified"  # the mfd-hub cache's folder of verdicts
+_VERDICT_PACKAGES = ("torch", "transformers", "safetensors", "huggingface_hub")
+
+
+def verdict_key(folder):
+    """The sha256 of everything a verification without a target depends on: every path under the
+    folder with its bytes (read through links) or, for a link, where it points; the installed
+    remote-code bundle; the versions of mfd-hub, Python and the libraries the checks use."""
+    import hashlib
+    import platform
+    from importlib import metadata
+
+    from .bundle import bundle_sources
+    from .cache import file_digest
+    from .version import __version__
+
+    folder = Path(folder)
+    entries = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        link = os.readlink(path) if path.is_symlink() else None
+        digest = file_digest(path) if path.is_file() else None
+        entries.append([rel, link, digest, path.is_dir()])
+    versions = {"mfd-hub": __version__, "python": platform.python_version()}
+    for package in _VERDICT_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    bundle = hashlib.sha256(json.dumps(bundle_sources(), sort_keys=True).encode()).hexdigest()
+    document = json.dumps({"entries": entries, "bundle": bundle, "versions": versions}, sort_keys=True)
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
+def verify_checkpoint_once(path):
+    """``verify_checkpoint(path)`` (no target) whose verdict is kept in the user's mfd-hub cache,
+    keyed by ``verdict_key``: asked again about the same bytes under the same versions, it answers
+    from the cache in the time of hashing the files, without loading anything. ``mfd-hub push``
+    verifies this way, so a dry run then the push (or a push repeated after a failed upload) runs
+    the checks once. -> (VerifyReport, True when it came from the cache)."""
+    from .atomic import atomic_directory
+    from .cache import cache_dir
+    from .errors import MfdHubError
+    from .locate import resolve_drafter
+
+    try:
+        folder = resolve_drafter(path).absolute()
+    except MfdHubError:
+        return verify_checkpoint(path), False
+    kept = cache_dir(VERDICT_CACHE) / verdict_key(folder)
+    try:
+        saved = json.loads((kept / "report.json").read_text(encoding="utf-8"))
+        report = VerifyReport(path=str(path), checks=[CheckResult(**c) for c in saved["checks"]])
+        return report, True
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not verified yet (or an unreadable entry): verify now
+    report = verify_checkpoint(folder)
+    report.path = str(path)
+    try:
+        with atomic_directory(kept, overwrite=True) as staging:
+            (Path(staging) / "report.json").write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+    except OSError:
+        pass  # a cache that cannot be written only costs the next push the checks again
+    return report, False

@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
 
 from mfd_hub.testing import TARGET_FAMILIES, tiny_drafter, tiny_target
 
+from cli_batch import run_cli_many, tree_state  # noqa: E402,F401 - shared with the test files
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Python prelude for subprocesses that must run WITHOUT mfd_hub: any import of it fails.
@@ -99,22 +101,6 @@ def run_cli(args, tmp_path, timeout=600, extra_env=None):
         [str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
-
-
-def tree_state(root):
-    """Every path under ``root`` (links not followed) with its bytes, mode and mtime: equal
-    states mean nothing was written, removed, touched or re-permissioned."""
-    import hashlib
-
-    state = {}
-    for path in sorted(Path(root).rglob("*")):
-        info = path.lstat()
-        digest = None
-        if path.is_file() and not path.is_symlink():
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        link = os.readlink(path) if path.is_symlink() else None
-        state[str(path.relative_to(root))] = (digest, link, info.st_mode, info.st_mtime_ns)
-    return state
 
 
 def one_error_line(result):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_many
 from mfd_hub import save_draft
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.cli import cli
@@ -51,15 +51,15 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
     (tmp_path / "notadrafter" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
-    for args in (
+    cases = [
         ["info", str(tmp_path / "missing")],
         ["info", str(tmp_path / "notadrafter")],
         ["info", str(tmp_path / "broken")],
         ["info", "--no-such-option", "x"],
         ["generate", "--drafter", str(tmp_path / "missing"), "--target", "x", "hi"],
         ["generate", "--drafter", "d", "--target", "t", "--budget", "0", "hi"],
-    ):
-        result = run_cli(args, tmp_path)
+    ]
+    for args, result in zip(cases, run_cli_many(cases, tmp_path)):
         assert result.returncode != 0, args
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("error:")]
@@ -67,6 +67,22 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
         assert len(errors) == 1 and lines[-1] == errors[0], (args, result.stderr)
         assert all(line.startswith(("error:", "loading ")) for line in lines), (args, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+def test_one_process_for_many_commands_behaves_as_the_console_script(tmp_path):
+    """cli_batch, which the bad-input tests use, gives each command what its own process gives:
+    the same exit code, stdout and stderr."""
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    cases = [["info", str(tmp_path / "missing")], ["info", str(tmp_path / "broken")], ["--version"],
+             ["info", "--no-such-option"]]
+    batch = run_cli_many(cases, tmp_path)
+    for args, together in zip(cases, batch):
+        alone = run_cli(args, tmp_path)
+        assert (together.returncode, together.stdout, together.stderr) == (alone.returncode, alone.stdout,
+                                                                          alone.stderr), args
+    assert [r.returncode for r in batch] == [batch[0].returncode, batch[1].returncode, 0, 2]
+    assert batch[0].returncode != 0 and batch[2].stdout.strip()
 
 
 def _main(args, capsys):

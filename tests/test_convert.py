@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import one_error_line, run_cli, run_python, tree_state
+from conftest import one_error_line, run_cli, run_cli_many, tree_state
 from mfd_hub import DFlashDraftModel, load_draft, save_draft
 from mfd_hub.converters import count_token_frequencies, select_draft_vocab
 from mfd_hub.converters.zlab import init_modes
@@ -417,10 +417,9 @@ def test_bad_conversions_are_one_line_and_write_nothing(vocab_pair):
          "--target", str(tmp_path / "other-target")],
     ]
     before = tree_state(tmp_path)
-    for args in cases:
-        result = run_cli(args, tmp_path)
+    for args, result in zip(cases, run_cli_many(cases, tmp_path, watch=tmp_path)):
         assert one_error_line(result), (args, result.stderr)
-        assert tree_state(tmp_path) == before, args  # nothing written, nothing modified
+        assert result.state == before, args  # nothing written, nothing modified
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import NO_MFD_HUB, one_error_line, run_cli, run_python
+from conftest import NO_MFD_HUB, one_error_line, run_cli, run_cli_many, run_python
 from mfd_hub.bundle import bundle_sources
 from mfd_hub.zoo.bench import load_prompt_set
 from mfd_hub.zoo.ship import render_shipped_card
@@ -293,16 +293,26 @@ def test_bench_writes_json_markdown_and_plots(tmp_path):
     assert (tmp_path / "out" / "results.md").read_text().count("\n") == len(rows) + 2
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_INPUT = [
     (["bench", "--budgets", "16,x"], "--budgets"),
     (["bench", "--methods", "tree"], "--methods"),
     (["bench", "--temperatures", "-1"], "--temperatures"),
     (["bench", "--prompts", "missing.jsonl"], "missing.jsonl"),
     (["bench", "--target", "./nowhere"], "--drafter"),
     (["demo", "--drafter", "./nowhere"], "nowhere"),
-])
-def test_bad_input_is_one_error_line(tmp_path, args, needle):
-    result = run_cli(args, tmp_path)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+    """Every BAD_INPUT command run in one process (cli_batch), with the folder's state after each."""
+    root = tmp_path_factory.mktemp("bad-input")
+    return run_cli_many([args for args, _ in BAD_INPUT], root, watch=root)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_error_line(bad_input_runs, case):
+    result, needle = bad_input_runs[case], BAD_INPUT[case][1]
     assert one_error_line(result), result.stderr[-2000:]
     assert needle in result.stderr
-    assert not (tmp_path / "bench-results").exists()
+    assert not any(path.startswith("bench-results") for path in result.state)

@@ -27,6 +27,41 @@ def test_dtype_names_and_auto():
         resolve_dtype("double")
 
 
+def test_the_drafter_stays_fp32_where_bf16_is_emulated(monkeypatch):
+    from mfd_hub import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert precision.drafter_dtype(torch.bfloat16) is torch.float32
+    assert precision.drafter_dtype(torch.float32) is torch.float32
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert precision.drafter_dtype(torch.bfloat16) is torch.bfloat16
+
+
+@pytest.mark.parametrize("slowed", [torch.float32, torch.bfloat16])
+def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch):
+    """``--dtype auto`` of demo and bench: the target speculates in the dtype whose plain decoding
+    is faster here; a real target made slower per forward pass (a 30 ms hook) loses."""
+    import time
+
+    from mfd_hub.zoo import bench
+
+    target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
+    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("float32", target, ids, ())
+    assert set(targets) == {torch.float32, torch.bfloat16}  # both plain baselines, whatever is asked
+    assert spec_dtype is draft_dtype is torch.float32  # a named dtype is taken as it is
+    in_each_dtype = bench.target_in_each_dtype
+
+    def one_made_slow(model, dtype):
+        both = in_each_dtype(model, dtype)
+        both[slowed].register_forward_pre_hook(lambda module, args: time.sleep(0.03))
+        return both
+
+    monkeypatch.setattr(bench, "target_in_each_dtype", one_made_slow)
+    _, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, ids, ())
+    assert spec_dtype is (torch.bfloat16 if slowed is torch.float32 else torch.float32)
+    assert draft_dtype in (torch.float32, spec_dtype)
+
+
 def test_classification_by_hand():
     logits = torch.zeros(4, 8)
     logits[2, 5], logits[2, 6] = 10.0, 9.99  # plain chose 5 at step 2; 6 is a near-tie

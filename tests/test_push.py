@@ -111,7 +111,7 @@ def steps(log):
 
 def push(hub, tmp_path, *args, token=True, offline=False):
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "1" if offline else "0",
-           "HF_HUB_DISABLE_TELEMETRY": "1"}
+           "HF_HUB_DISABLE_TELEMETRY": "1", "MFD_HUB_CACHE": str(tmp_path / "mfd-hub-cache")}  # verdicts: this test's
     if token:
         env["HF_TOKEN"] = TOKEN
     result = run_cli(["push", NAME, "--repo-id", REPO, *args], tmp_path, extra_env=env)
@@ -150,13 +150,14 @@ def test_push_lands_the_folder_then_a_second_push_is_a_no_op(hub, tmp_path, draf
     # Offline dry run: the exact plan, no request at all.
     plan = ok_json(push(hub, tmp_path, "--path", str(folder), "--dry-run", "--json", offline=True))["plan"]
     assert hub.requests() == []
-    assert plan["remote"]["checked"] == "offline" and plan["deleted"] == []
+    assert plan["remote"]["checked"] == "offline" and plan["deleted"] == [] and plan["verification"] == "checked"
     assert {f["path"]: (f["size"], f["sha256"], f["status"]) for f in plan["files"]} == {
         p: (len(b), hashlib.sha256(b).hexdigest(), "new") for p, b in want.items()}
     assert sum(p.endswith(".safetensors") for p in want) >= 2
 
     # The push: one commit holding every file byte for byte, tagged.
     out = ok_json(push(hub, tmp_path, "--path", str(folder), "--json"))
+    assert out["plan"]["verification"] == "reused"  # the same bytes the dry run verified
     repo = hub.repo()
     assert out["result"]["commit"] == repo["branches"]["main"] == repo["tags"]["v1.0"]
     assert len(repo["commits"]) == 2  # the Hub's initial commit + ours
@@ -190,6 +191,7 @@ def test_a_changed_folder_commits_only_its_changes_under_a_new_tag(hub, tmp_path
     registry_checkpoint(folder, drafter, seed=2, overwrite=True)
 
     plan = ok_json(push(hub, tmp_path, "--path", str(folder), "--dry-run", "--json"))["plan"]
+    assert plan["verification"] == "checked"  # other bytes: verified afresh
     status = {f["path"]: f["status"] for f in plan["files"]}
     assert status["model.safetensors"] == "new" and status["README.md"] == "unchanged"
     assert status["config.json"] == "unchanged" and {s for p, s in status.items() if p.endswith(".py")} == {"unchanged"}

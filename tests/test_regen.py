@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, run_cli_many
 from mfd_hub.recipes.regen import ContinuousEngine, read_prompts, regenerate
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_target, tiny_tokenizer
 
@@ -123,12 +123,12 @@ def test_openai_engine_errors_are_one_line(setup):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     base = ["regen", "--target", str(root / "target"), "--out", str(root / "never.jsonl"), "--no-chat-template"]
-    for args, message in (
+    cases = [
         (["--prompts", str(root / "prompts.jsonl"), "--engine", "openai", "--endpoint", f"http://127.0.0.1:{port}/v1"],
          "cannot reach"),
         (["--prompts", "hf:no-such-owner/no-such-dataset"], "dataset"),  # offline, or no datasets package
-    ):
-        result = run_cli(base + args, root)
+    ]
+    for (_, message), result in zip(cases, run_cli_many([base + args for args, _ in cases], root)):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode != 0 and lines[-1].startswith("error:") and message in lines[-1], result.stderr
         assert "Traceback" not in result.stderr

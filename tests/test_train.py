@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from click.testing import CliRunner
-from conftest import run_cli
+from conftest import run_cli, run_cli_many
 from mfd_hub.cli import cli
 from mfd_hub.errors import MfdHubError
 from mfd_hub.recipes.config import load_recipe, packaged_recipes
@@ -274,8 +274,8 @@ def test_recipe_errors_are_one_clear_line(in_workspace, tmp_path):
         assert message in str(caught.value) and "\n" not in str(caught.value), override
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntarget: [unclosed\n")
-    for args in (["train", str(bad)], ["train", "no-such-recipe"], ["train", "tiny-mfd", "data.train=missing.jsonl"]):
-        result = run_cli(args, in_workspace[0])
+    commands = [["train", str(bad)], ["train", "no-such-recipe"], ["train", "tiny-mfd", "data.train=missing.jsonl"]]
+    for args, result in zip(commands, run_cli_many(commands, in_workspace[0])):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode != 0 and lines and lines[-1].startswith("error: "), (args, result.stderr)
         assert "Traceback" not in result.stderr and sum(line.startswith("error") for line in lines) == 1

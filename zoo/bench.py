@@ -272,6 +272,41 @@ def target_in_each_dtype(target, spec_dtype):
     return targets
 
 
+def measured_dtype(targets, input_ids, stop_ids, tokens=12, repeats=3):
+    """``--dtype auto`` for the miniature on a CPU: of ``targets`` ({dtype: the target in it}), the
+    dtype whose plain greedy decoding of ``input_ids`` is fastest on this machine, each timed
+    ``repeats`` times round-robin over ``tokens`` new tokens (the median decides)."""
+    import statistics
+    import time
+
+    from mfd_hub.targets import greedy_decode
+
+    seconds = {dtype: [] for dtype in targets}
+    for model in targets.values():  # first-call allocations stay out of the timing
+        greedy_decode(model, input_ids, 2, stop_ids=stop_ids)
+    for _ in range(repeats):
+        for dtype, model in targets.items():
+            began = time.perf_counter()
+            greedy_decode(model, input_ids, tokens, stop_ids=())  # a stop would cut one dtype's run short
+            seconds[dtype].append(time.perf_counter() - began)
+    return min(seconds, key=lambda dtype: statistics.median(seconds[dtype]))
+
+
+def speculation_dtypes(dtype, target32, input_ids, stop_ids):
+    """(targets {dtype: target} for the plain baselines, the target's speculation dtype, the
+    drafter's) for ``--dtype`` ``dtype``: ``auto`` on a CPU measures (``measured_dtype``, then
+    ``precision.drafter_dtype``); elsewhere, or for a named dtype, both run in it."""
+    from mfd_hub.precision import drafter_dtype, resolve_dtype
+
+    spec_dtype = resolve_dtype(dtype, target32.device)
+    targets = target_in_each_dtype(target32, spec_dtype)
+    if dtype != "auto":
+        return targets, spec_dtype, spec_dtype
+    if target32.device.type == "cpu":
+        spec_dtype = measured_dtype(targets, input_ids, stop_ids)
+    return targets, spec_dtype, drafter_dtype(spec_dtype, target32.device)
+
+
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n"
 
 
@@ -313,7 +348,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
-    from mfd_hub.precision import dtype_name, resolve_dtype
+    from mfd_hub.precision import dtype_name
     from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
     prompts = load_prompt_set(prompt_spec, limit)
@@ -325,13 +360,14 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     if log:
         log(f"loading target {target_spec}")
     target, tokenizer = load_target(target_spec)
-    spec_dtype = resolve_dtype(dtype, target.device)
-    targets = target_in_each_dtype(target, spec_dtype)
-    drafters = {label: draft.to(spec_dtype) for label, draft in drafters.items()}
     if tokenizer is None:
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
     stops = stop_ids_of(tokenizer, target)
     encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
+    if log and dtype == "auto":
+        log("measuring which dtype decodes fastest here (--dtype auto)")
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops)
+    drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
     with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
         if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
@@ -344,7 +380,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
-        "device": str(target.device), "dtype": dtype_name(spec_dtype),
+        "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
         "plain_dtypes": [dtype_name(d) for d in targets],
     }
     files = write_outputs(rows, out_dir, meta)

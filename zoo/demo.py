@@ -4,8 +4,9 @@ plain greedy decoding against the chain, the product tree and the mixture tree.
 Honest numbers: the baseline is the faster of plain fp32 and plain bf16 decoding (transformers
 ``generate``) of the same target on this machine, and every configuration, plain ones included,
 is timed ``repeats`` times interleaved (one run of each per repeat), so drifting machine load hits
-them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``: bf16 on CPUs
-with native bf16, fp32 elsewhere) with ``budget`` (``auto``: chosen per round from this
+them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``, on a CPU: the
+target in the dtype of its faster plain decoding, measured here, the drafter in fp32 unless bf16 is
+native: ``bench.speculation_dtypes``) with ``budget`` (``auto``: chosen per round from this
 machine's measured costs). Outputs are checked against plain decoding in the same dtype:
 identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd_hub.precision``).
 """
@@ -15,7 +16,7 @@ import time
 
 from mfd_hub.locate import resolve_drafter
 
-from .bench import target_in_each_dtype
+from .bench import speculation_dtypes
 from .shipped import load_with_auto_model
 
 DEMO_METHODS = ("chain", "product", "mixture")
@@ -33,18 +34,22 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything the demo needs is on disk
-    spec_dtype = resolve_dtype(dtype)
+    resolve_dtype(dtype)  # a bad name fails before anything loads
     folder = resolve_drafter(drafter)  # a folder, a Hub repo id or a shipped name
     with tqdm(total=2, desc="loading", unit="model", disable=log is None) as bar:
         bar.set_postfix_str("SmolLM2-135M-Instruct")
         target32, tokenizer = load_target(SMOLLM2)
         bar.update(1)
         bar.set_postfix_str(f"{os.path.basename(os.path.normpath(str(drafter)))} (AutoModel, trust_remote_code)")
-        draft = load_with_auto_model(folder).to(spec_dtype)
+        draft = load_with_auto_model(folder)
         bar.update(1)
-    targets = target_in_each_dtype(target32, spec_dtype)  # the fastest plain decoding is the baseline
     ids = encode_prompt(tokenizer, prompt)
     stops = stop_ids_of(tokenizer, target32)
+    if log and dtype == "auto":
+        log("measuring which dtype decodes fastest here (--dtype auto)")
+    # plain decoding in fp32 and bf16 (the faster is the baseline); speculation's dtypes
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, ids, stops)
+    draft = draft.to(draft_dtype)
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
     target = targets[spec_dtype]
 
@@ -107,6 +112,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "target": "SmolLM2-135M-Instruct",
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
+        "drafter_dtype": dtype_name(draft_dtype),
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},

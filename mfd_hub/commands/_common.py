@@ -40,8 +40,13 @@ def budget_option(default="auto"):
              "to draft all modes) with the most expected tokens per second on this machine.")
 
 
-def dtype_option(default="auto"):
+MEASURED_DTYPE_HELP = ("Dtype of target and drafter for speculation; auto: on a CPU, the target in the dtype of "
+                       "its faster plain decoding, timed here, and the drafter in float32 unless the CPU has "
+                       "native bf16; on CUDA bfloat16.")
+
+
+def dtype_option(default="auto", help=None):
     return click.option(
         "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=default, show_default=True,
-        help="Dtype of target and drafter for speculation; auto: bfloat16 on CPUs with native bf16 "
+        help=help or "Dtype of target and drafter for speculation; auto: bfloat16 on CPUs with native bf16 "
              "(AMX/AVX512-BF16) and on CUDA, float32 elsewhere.")

@@ -2,7 +2,7 @@
 
 import click
 
-from ._common import dtype_option, emit_json, examples
+from ._common import MEASURED_DTYPE_HELP, dtype_option, emit_json, examples
 from ._drafter import drafter_help
 from ..errors import UsageError
 
@@ -49,7 +49,7 @@ def _budgets(text):
               help="Comma-separated subset of chain, product, mixture (mixture needs an MFD drafter).")
 @click.option("--budgets", default="16,32,64", show_default=True,
               help="Tree budgets B, and/or 'auto' (chosen per round from this machine's costs); chain: the smallest.")
-@dtype_option()
+@dtype_option(help=MEASURED_DTYPE_HELP)
 @click.option("--temperatures", default="0", show_default=True, help="Sampling temperatures (0 = greedy).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -2,7 +2,7 @@
 
 import click
 
-from ._common import budget_option, dtype_option, emit_json, examples
+from ._common import MEASURED_DTYPE_HELP, budget_option, dtype_option, emit_json, examples
 from ._drafter import drafter_help
 from ..errors import MfdHubError
 
@@ -33,7 +33,7 @@ def describe_check(check):
 @click.option("--drafter", default="MFD-SmolLM2-135M", show_default=True, metavar="DRAFTER",
               help=drafter_help("A drafter trained for SmolLM2-135M"))
 @budget_option(default="auto")
-@dtype_option()
+@dtype_option(help=MEASURED_DTYPE_HELP)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Interleaved timing repeats of every configuration (medians are reported).")
@@ -58,7 +58,8 @@ def demo(prompt, drafter, budget, dtype, max_new_tokens, repeats, as_json):
         base = result["baseline"]
         click.echo(f"\n{result['text']}\n")
         click.echo(f"baseline: {base['method']} ({base['tokens_per_second']:.1f} tok/s, the faster plain decoding); "
-                   f"speculation in {result['dtype']}, budget {result['budget']}, {result['threads']} threads")
+                   f"speculation: target in {result['dtype']}, drafter in {result['drafter_dtype']}, budget "
+                   f"{result['budget']}, {result['threads']} threads")
         click.echo(f"{'method':<15} {'tokens':>6} {'rounds':>6} {'tau':>5} {'tok/s':>7} {'speedup':>8}  output")
         for row in result["runs"]:
             click.echo(

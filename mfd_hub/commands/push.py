@@ -14,6 +14,8 @@ def _print_plan(plan):
              "no repository": "the repository does not exist yet: every file is new"}
     click.echo(f"{plan.name} -> {plan.repo_id} (branch {plan.revision}, tag {plan.tag})")
     click.echo(f"remote: {where.get(remote.checked, remote.checked)}")
+    click.echo("verify: " + ("passed (the verdict on these same bytes, reused from the mfd-hub cache)"
+                             if plan.verification == "reused" else "passed"))
     width = max(len(f.path) for f in plan.files)
     for item in plan.files:
         click.echo(f"  {item.status:<9} {item.path:<{width}} {item.size:>14,} B  sha256 {item.sha256}")
