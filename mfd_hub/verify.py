@@ -19,7 +19,10 @@ none fails. The checks, in order (``CHECKS``):
   mfd-hub version is a warning: it cannot be compared).
 - ``auto-model``: in a separate process that cannot import mfd_hub, ``AutoModel.from_pretrained(
   trust_remote_code=True)`` returns ``DFlashDraftModel`` with no missing or unexpected keys. Run
-  only when the remote code is byte-identical to ours: verify never executes unvetted code.
+  only when the remote code is byte-identical to ours: verify never executes unvetted code. A
+  clean load's outcome is kept in the user's mfd-hub cache under ``loading_key`` (all bytes but
+  the weight values, and the versions), so re-verifying a drafter whose weights changed but not
+  its shapes, config or code does not load it again; a failed load is always retried.
 - ``spec-decoding`` (with a target): speculative decoding is token-identical to the target's
   greedy decoding on a short prompt.
 """
@@ -493,6 +496,35 @@ print(json.dumps({
 """
 
 
+AUTO_MODEL_CACHE = "auto-model"  # the mfd-hub cache's folder of AutoModel outcomes
+
+
+def loading_key(folder):
+    """The sha256 of everything ``AutoModel.from_pretrained`` of this folder depends on, the weight
+    values excepted: the bytes of every file but the weights, each weight file's size and header
+    (names, dtypes, shapes, offsets), the AutoModel script and the library versions. Values never
+    decide whether a load finds every key, so a drafter that was re-trained (same shapes, other
+    numbers) loads exactly as before."""
+    import hashlib
+
+    from .cache import file_digest
+
+    entries = []
+    for path in sorted(Path(folder).rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(folder).as_posix()
+        if path.suffix == ".safetensors":
+            with open(path, "rb") as handle:
+                length = int.from_bytes(handle.read(8), "little")
+                header = handle.read(min(length, 100 << 20))
+            entries.append([rel, path.stat().st_size, hashlib.sha256(header).hexdigest()])
+        else:
+            entries.append([rel, None, file_digest(path)])
+    document = {"entries": entries, "script": AUTO_MODEL_SCRIPT, "versions": library_versions()}
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
 def check_auto_model(ck, failed_before):
     if ck.format == "zlab":
         return SKIP, "z-lab checkpoint: its remote code is not mfd-hub's and is not executed"
@@ -500,6 +532,25 @@ def check_auto_model(ck, failed_before):
         return SKIP, "not loaded: earlier checks failed"
     if not ck.bundle_identical:
         return SKIP, "not loaded: the remote code is not byte-identical to the installed bundle"
+    from .cache import cache_dir
+
+    kept = cache_dir(AUTO_MODEL_CACHE) / f"{loading_key(ck.folder)}.json"
+    try:
+        found = json.loads(kept.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        found = _load_with_auto_model(ck)
+        try:  # only a clean load is kept: a failure is always tried again
+            staging = kept.with_name(f".{kept.name}.{os.getpid()}")
+            staging.write_text(json.dumps(found), encoding="utf-8")
+            os.replace(staging, kept)
+        except OSError:
+            pass
+    return PASS, f"AutoModel(trust_remote_code=True) -> {found['class']} from {found['module']}, all keys matched"
+
+
+def _load_with_auto_model(ck):
+    """AutoModel.from_pretrained in a fresh process that cannot import mfd_hub -> what it found
+    (raises CheckFailed unless it is a DFlashDraftModel with every key matched)."""
     with tempfile.TemporaryDirectory(prefix="mfd-verify-") as scratch:
         env = dict(os.environ)
         # a private HF home: the remote-code module cache starts empty and is thrown away
@@ -521,7 +572,7 @@ def check_auto_model(ck, failed_before):
     for kind in ("missing", "unexpected", "mismatched"):
         if found[kind]:
             raise CheckFailed(f"AutoModel reports {kind} keys {found[kind][:3]}")
-    return PASS, f"AutoModel(trust_remote_code=True) -> {found['class']} from {found['module']}, all keys matched"
+    return found
 
 
 def _check_prompt(tokenizer, vocab_size):
@@ -630,17 +681,30 @@ VERDICT_CACHE = "verified"  # the mfd-hub cache's folder of verdicts
 _VERDICT_PACKAGES = ("torch", "transformers", "safetensors", "huggingface_hub")
 
 
+def library_versions():
+    """The versions a verification's outcome depends on: mfd-hub, Python and the libraries."""
+    import platform
+    from importlib import metadata
+
+    from .version import __version__
+
+    versions = {"mfd-hub": __version__, "python": platform.python_version()}
+    for package in _VERDICT_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
 def verdict_key(folder):
     """The sha256 of everything a verification without a target depends on: every path under the
     folder with its bytes (read through links) or, for a link, where it points; the installed
     remote-code bundle; the versions of mfd-hub, Python and the libraries the checks use."""
     import hashlib
-    import platform
-    from importlib import metadata
 
     from .bundle import bundle_sources
     from .cache import file_digest
-    from .version import __version__
 
     folder = Path(folder)
     entries = []
@@ -649,14 +713,8 @@ def verdict_key(folder):
         link = os.readlink(path) if path.is_symlink() else None
         digest = file_digest(path) if path.is_file() else None
         entries.append([rel, link, digest, path.is_dir()])
-    versions = {"mfd-hub": __version__, "python": platform.python_version()}
-    for package in _VERDICT_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
     bundle = hashlib.sha256(json.dumps(bundle_sources(), sort_keys=True).encode()).hexdigest()
-    document = json.dumps({"entries": entries, "bundle": bundle, "versions": versions}, sort_keys=True)
+    document = json.dumps({"entries": entries, "bundle": bundle, "versions": library_versions()}, sort_keys=True)
     return hashlib.sha256(document.encode()).hexdigest()
 
 

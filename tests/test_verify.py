@@ -247,6 +247,40 @@ def test_sound_checkpoints_pass(corpus):
     assert verify_checkpoint(corpus / "vocab").checks[CHECKS.index("draft-vocab")].status == PASS
 
 
+def test_a_clean_load_is_reused_only_while_the_load_cannot_differ(tmp_path, monkeypatch):
+    """The auto-model check keeps a clean load's outcome under ``loading_key``: the same key for
+    other weight values (same shapes), another for any change a load can see; a kept outcome
+    answers without a process, and a key never seen loads for real."""
+    from mfd_hub import verify
+
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
+    target = tiny_target("qwen3")
+    save_draft(tiny_drafter(target, num_modes=2, seed=1), tmp_path / "a")
+    save_draft(tiny_drafter(target, num_modes=2, seed=2), tmp_path / "b")  # other values, same shapes
+    save_draft(tiny_drafter(target, num_modes=3, seed=1), tmp_path / "c")  # another shape
+    shutil.copytree(tmp_path / "a", tmp_path / "d")
+    edit_config(tmp_path / "d", lambda c: c.update(mask_token_id=c["mask_token_id"] - 1))
+    shutil.copytree(tmp_path / "a", tmp_path / "e")
+    weights = load_file(tmp_path / "e" / "model.safetensors")
+    weights["fc.weight"] = weights["fc.weight"].half()  # the same shape, another dtype
+    save_file(weights, tmp_path / "e" / "model.safetensors", metadata={"format": "pt"})
+    key = verify.loading_key(tmp_path / "a")
+    assert verify.loading_key(tmp_path / "b") == key
+    assert len({key, *(verify.loading_key(tmp_path / n) for n in "cde")}) == 4
+
+    assert verify_checkpoint(tmp_path / "a").ok  # loads for real, and keeps the outcome
+    assert (tmp_path / "cache" / verify.AUTO_MODEL_CACHE / f"{key}.json").is_file()
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("AutoModel was loaded again")
+
+    monkeypatch.setattr(verify.subprocess, "run", no_process)
+    report = verify_checkpoint(tmp_path / "b")
+    assert report.ok and report.checks[CHECKS.index("auto-model")].status == PASS, report.to_dict()
+    unseen = verify_checkpoint(tmp_path / "c").checks[CHECKS.index("auto-model")]
+    assert unseen.status == FAIL and "AutoModel was loaded again" in unseen.reason  # it did try to load
+
+
 def test_the_corpus_is_large_enough():
     assert len(DAMAGE) >= 20
 
