@@ -10,7 +10,8 @@ arguments give the same checkpoint.
 
 import torch
 
-from mfd_hub.checkpoint import checkpoint_format, load_draft, read_config_dict, save_draft
+from mfd_hub.checkpoint import load_draft, save_draft
+from mfd_hub.checkpoint_config import checkpoint_format, read_config_dict
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 

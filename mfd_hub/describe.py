@@ -29,7 +29,7 @@ def config_summary(config):
 
 def checkpoint_config(folder):
     """(format, DFlashConfig) of a checkpoint folder, ours or z-lab's."""
-    from .checkpoint import checkpoint_format, config_from_zlab, read_config_dict
+    from .checkpoint_config import checkpoint_format, config_from_zlab, read_config_dict
     from .remote.configuration_mfd import DFlashConfig
 
     raw = read_config_dict(folder)

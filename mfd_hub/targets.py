@@ -161,7 +161,7 @@ def _target_folder(spec):
 def target_config(spec):
     """The target's language-model config as a dict (hidden_size, vocab_size, num_hidden_layers,
     tie_word_embeddings, ...), read without loading any weights."""
-    from .checkpoint import read_config_dict
+    from .checkpoint_config import read_config_dict
 
     raw = read_config_dict(_target_folder(spec))
     # multimodal wrappers (e.g. Qwen3.5) nest the language model's fields under text_config

@@ -268,7 +268,7 @@ def check_index(ck):
 
 
 def check_config(ck):
-    from .checkpoint import CONFIG_NAME, checkpoint_format, config_from_zlab
+    from .checkpoint_config import CONFIG_NAME, checkpoint_format, config_from_zlab
     from .errors import MfdHubError
     from .remote.configuration_mfd import REQUIRED_FIELDS, DFlashConfig, drafter_config_problems
 

@@ -450,7 +450,7 @@ class ContinuousEngine:
     slack = 64  # room beyond the longest prompt and answer: the cache shifts at most once in `slack` steps
     prefill_tokens = 8192  # prompt tokens per prefill pass (bounds its memory)
 
-    def __init__(self, target, stops, pad_id, batch_size=64):
+    def __init__(self, target, stops, pad_id, batch_size=128):
         self.target, self.stops, self.pad_id, self.batch_size = target, list(stops), pad_id, batch_size
 
     def describe(self):
@@ -639,7 +639,7 @@ class OpenAIEngine(_Batches):
 
 
 ENGINES = {"continuous": ContinuousEngine, "generate": TransformersEngine}
-DEFAULT_BATCH = {"continuous": 64, "generate": 8, "openai": 8}
+DEFAULT_BATCH = {"continuous": 128, "generate": 8, "openai": 8}
 
 
 def local_engine(target, tokenizer, engine="continuous", batch_size=None):

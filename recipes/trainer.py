@@ -288,7 +288,7 @@ def tap_layers_of(recipe):
     r = recipe.drafter
     if r.base == SCRATCH:
         return list(r.target_layer_ids)
-    from mfd_hub.checkpoint import checkpoint_format, config_from_zlab, read_config_dict
+    from mfd_hub.checkpoint_config import checkpoint_format, config_from_zlab, read_config_dict
     from mfd_hub.locate import resolve_drafter
 
     raw = read_config_dict(resolve_drafter(r.base))  # a folder, a Hub repo id or a shipped name

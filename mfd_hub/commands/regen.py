@@ -27,7 +27,7 @@ from ._common import emit_json, examples
 @click.option("--top-k", type=click.IntRange(min=0), default=20, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Rows decoding together (continuous; default 64), prompts per generate call (generate; "
+              help="Rows decoding together (continuous; default 128), prompts per generate call (generate; "
                    "default 8) or per write (openai; default 8).")
 @click.option("--shard-size", type=click.IntRange(min=1), default=None,
               help="Records per complete shard of a folder output (default 500).")
