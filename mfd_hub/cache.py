@@ -61,3 +61,27 @@ def cached_folder(kind, name, digest, build):
             if stale != dest and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
     return dest
+
+
+def read_record(kind, key):
+    """The JSON document kept as ``KIND/KEY.json`` in the cache, or None (absent or unreadable)."""
+    import json
+
+    try:
+        return json.loads((cache_dir(kind) / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, MfdHubError):
+        return None
+
+
+def write_record(kind, key, document):
+    """Keep ``document`` as ``KIND/KEY.json`` (written aside, then renamed: never seen half-written).
+    A cache that cannot be written only costs the work again next time, so that is not an error."""
+    import json
+
+    try:
+        path = cache_dir(kind) / f"{key}.json"
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        staging.write_text(json.dumps(document, indent=1), encoding="utf-8")
+        os.replace(staging, path)
+    except (OSError, MfdHubError):
+        pass

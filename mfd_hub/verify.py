@@ -532,19 +532,13 @@ def check_auto_model(ck, failed_before):
         return SKIP, "not loaded: earlier checks failed"
     if not ck.bundle_identical:
         return SKIP, "not loaded: the remote code is not byte-identical to the installed bundle"
-    from .cache import cache_dir
+    from .cache import read_record, write_record
 
-    kept = cache_dir(AUTO_MODEL_CACHE) / f"{loading_key(ck.folder)}.json"
-    try:
-        found = json.loads(kept.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        found = _load_with_auto_model(ck)
-        try:  # only a clean load is kept: a failure is always tried again
-            staging = kept.with_name(f".{kept.name}.{os.getpid()}")
-            staging.write_text(json.dumps(found), encoding="utf-8")
-            os.replace(staging, kept)
-        except OSError:
-            pass
+    key = loading_key(ck.folder)
+    found = read_record(AUTO_MODEL_CACHE, key)
+    if found is None:
+        found = _load_with_auto_model(ck)  # raises on a failed load: only a clean one is kept
+        write_record(AUTO_MODEL_CACHE, key, found)
     return PASS, f"AutoModel(trust_remote_code=True) -> {found['class']} from {found['module']}, all keys matched"
 
 
@@ -724,8 +718,7 @@ def verify_checkpoint_once(path):
     from the cache in the time of hashing the files, without loading anything. ``mfd-hub push``
     verifies this way, so a dry run then the push (or a push repeated after a failed upload) runs
     the checks once. -> (VerifyReport, True when it came from the cache)."""
-    from .atomic import atomic_directory
-    from .cache import cache_dir
+    from .cache import read_record, write_record
     from .errors import MfdHubError
     from .locate import resolve_drafter
 
@@ -733,18 +726,13 @@ def verify_checkpoint_once(path):
         folder = resolve_drafter(path).absolute()
     except MfdHubError:
         return verify_checkpoint(path), False
-    kept = cache_dir(VERDICT_CACHE) / verdict_key(folder)
+    key = verdict_key(folder)
+    saved = read_record(VERDICT_CACHE, key)
     try:
-        saved = json.loads((kept / "report.json").read_text(encoding="utf-8"))
-        report = VerifyReport(path=str(path), checks=[CheckResult(**c) for c in saved["checks"]])
-        return report, True
-    except (OSError, ValueError, KeyError, TypeError):
+        return VerifyReport(path=str(path), checks=[CheckResult(**c) for c in saved["checks"]]), True
+    except (KeyError, TypeError):
         pass  # not verified yet (or an unreadable entry): verify now
     report = verify_checkpoint(folder)
     report.path = str(path)
-    try:
-        with atomic_directory(kept, overwrite=True) as staging:
-            (Path(staging) / "report.json").write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
-    except OSError:
-        pass  # a cache that cannot be written only costs the next push the checks again
+    write_record(VERDICT_CACHE, key, report.to_dict())
     return report, False
