@@ -22,7 +22,8 @@ from mfd_hub.remote.configuration_mfd import DFlashConfig
 from mfd_hub.remote.modeling_mfd import DFlashDraftModel
 from mfd_hub.recipes.data import Sequence, make_batch, sample_anchors
 from mfd_hub.recipes.losses import true_token_logprobs
-from mfd_hub.recipes.trainer import DrafterObjective, add_draft_vocabulary, add_modes
+from mfd_hub.converters.draft_vocab import reduce_vocabulary
+from mfd_hub.recipes.trainer import DrafterObjective, add_modes
 
 
 def drafter(hidden, layers, inter, vocab, modes, draft_vocab, head):
@@ -35,7 +36,7 @@ def drafter(hidden, layers, inter, vocab, modes, draft_vocab, head):
     if modes > 1:
         model = add_modes(model, modes, False, 0.02, 0)
     if draft_vocab:
-        model = add_draft_vocabulary(model, torch.arange(draft_vocab), head)
+        model = reduce_vocabulary(model, head, torch.arange(draft_vocab)).float()
         model.lm_head.weight.requires_grad_(False)
     return model
 

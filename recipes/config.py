@@ -56,6 +56,7 @@ class RegenSection:
 @dataclass
 class DataSection:
     train: str = ""  # regen output (JSON Lines)
+    limit: typing.Optional[int] = None  # only the first N usable records (data-scaling runs on one regen output)
     features: str = "cache"  # "cache": tap features computed once into a store; "online": every step
     features_dir: typing.Optional[str] = None  # default: <train>.features/<target>-<taps>-<dtype>-<length>
     features_dtype: str = "bfloat16"
@@ -139,7 +140,7 @@ CHOICES = {
 }
 POSITIVE = ("train.epochs", "train.batch_size", "train.micro_batch_size", "train.anchors_per_sequence", "train.lr",
             "loss.gamma", "data.max_length", "data.extract_batch_tokens", "output.keep_last", "output.log_every",
-            "train.max_steps", "drafter.draft_vocab_size", "drafter.block_size")
+            "train.max_steps", "drafter.draft_vocab_size", "drafter.block_size", "data.limit")
 UNIT_INTERVAL = ("loss.alpha", "loss.winner_weight", "train.warmup_ratio", "train.min_lr_ratio")
 NON_NEGATIVE = ("loss.gate_weight", "loss.default_weight", "train.grad_clip", "train.weight_decay", "train.eps",
                 "drafter.mode_init_std", "drafter.num_modes", "output.save_every", "train.head_chunk")

@@ -463,6 +463,11 @@ def _run(recipe, dist, resume, stop_after, verbose):
 
     # data and features
     sequences, dropped = load_sequences(recipe.data.train, recipe.data.max_length)
+    if recipe.data.limit is not None:
+        if len(sequences) < recipe.data.limit:
+            raise MfdHubError(f"data.limit is {recipe.data.limit}, but {recipe.data.train} holds only "
+                              f"{len(sequences)} usable sequences")
+        sequences = sequences[:recipe.data.limit]
     data_fingerprint = {"sequences": len(sequences), "crc": data_checksum(sequences)}
     if len(sequences) < t.batch_size:
         raise MfdHubError(f"{len(sequences)} usable sequences are fewer than train.batch_size {t.batch_size}")
@@ -625,7 +630,7 @@ def _run(recipe, dist, resume, stop_after, verbose):
         "run_dir": str(run_dir), "steps": step_done, "total_steps": total, "steps_this_run": steps_run,
         "seconds": seconds, "steps_per_second": steps_run / seconds if seconds > 0 else None,
         "peak_memory_mb": _peak_memory_mb(dist.device), "world_size": dist.world, "final_loss": last_loss,
-        "first_loss": first_loss,
+        "first_loss": first_loss, "data": data_fingerprint,
         "exported": str(exported) if exported else None, "diagnostics": diagnostics(),
     }
     if dist.main:

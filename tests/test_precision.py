@@ -38,13 +38,14 @@ def test_the_drafter_stays_fp32_where_bf16_is_emulated(monkeypatch):
 
 
 @pytest.mark.parametrize("slowed", [torch.float32, torch.bfloat16])
-def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch):
+def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch, tmp_path):
     """``--dtype auto`` of demo and bench: the target speculates in the dtype whose plain decoding
     is faster here; a real target made slower per forward pass (a 30 ms hook) loses."""
     import time
 
     from mfd_hub.zoo import bench
 
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))  # nothing kept from another run
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
     targets, spec_dtype, draft_dtype = bench.speculation_dtypes("float32", target, ids, ())
     assert set(targets) == {torch.float32, torch.bfloat16}  # both plain baselines, whatever is asked
@@ -60,6 +61,40 @@ def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch):
     _, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, ids, ())
     assert spec_dtype is (torch.bfloat16 if slowed is torch.float32 else torch.float32)
     assert draft_dtype in (torch.float32, spec_dtype)
+
+
+def test_the_measured_dtype_is_kept_and_a_longer_baseline_corrects_it(monkeypatch, tmp_path):
+    """The choice is measured once per target and machine, then read from the cache (no timing);
+    ``remember_faster_dtype`` (the demo's interleaved baseline) replaces it; another target or
+    thread count is measured afresh."""
+    from mfd_hub.targets import greedy_decode
+    from mfd_hub.zoo import bench
+
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
+    target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
+    targets = bench.target_in_each_dtype(target, torch.float32)
+    calls = []
+
+    def counted(model, *args, **kwargs):
+        calls.append(model.dtype)
+        return greedy_decode(model, *args, **kwargs)
+
+    monkeypatch.setattr("mfd_hub.targets.greedy_decode", counted)
+    first, cached = bench.measured_dtype(targets, ids, ())
+    assert not cached and set(calls) == {torch.float32, torch.bfloat16}
+    calls.clear()
+    assert bench.measured_dtype(targets, ids, ()) == (first, True) and calls == []
+    other = torch.bfloat16 if first is torch.float32 else torch.float32
+    bench.remember_faster_dtype(target, {first: 10.0, other: 20.0}, "test")
+    assert bench.measured_dtype(targets, ids, ()) == (other, True) and calls == []
+    wider = tiny_target("llama", hidden_size=64)
+    assert bench.dtype_choice_key(wider, targets) != bench.dtype_choice_key(target, targets)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert not bench.measured_dtype(targets, ids, ())[1] and calls
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_classification_by_hand():

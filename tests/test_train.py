@@ -425,6 +425,22 @@ def test_mfd_d_trains_the_default_path_and_dflash_loss_runs(in_workspace):
     assert summary["final_loss"] > 0 and load_draft(summary["exported"]).config.num_modes == 0
 
 
+def test_data_limit_trains_on_the_first_records_only(in_workspace):
+    """data.limit (the data-scaling runs): the first N usable records, in file order; more than the
+    file holds is one clear error."""
+    from mfd_hub import load_draft
+    from mfd_hub.recipes.data import data_checksum
+    from mfd_hub.recipes.trainer import train
+
+    sequences, _ = load_sequences("tiny-data.jsonl", 64)
+    summary = train(_tiny(["output.dir=runs/limit", "data.limit=8", "train.max_steps=2", "output.save_every=0"]),
+                    verbose=False)
+    assert summary["data"] == {"sequences": 8, "crc": data_checksum(sequences[:8])}
+    assert len(sequences) > 8 and load_draft(summary["exported"]).config.mfd_metadata["training"]["sequences"] == 8
+    with pytest.raises(MfdHubError, match=f"data.limit is {len(sequences) + 1}, but .* holds only {len(sequences)}"):
+        train(_tiny(["output.dir=runs/limit2", f"data.limit={len(sequences) + 1}"]), verbose=False)
+
+
 def test_bases_zlab_with_new_modes_and_mfd_as_they_are(in_workspace, reference_run):
     from mfd_hub import load_draft
     from mfd_hub.recipes.trainer import build_drafter

@@ -272,15 +272,52 @@ def target_in_each_dtype(target, spec_dtype):
     return targets
 
 
+DTYPE_CHOICE_CACHE = "dtype-choice"
+
+
+def dtype_choice_key(target, dtypes):
+    """What the faster plain dtype depends on: the target's shape, the candidate dtypes, the device
+    (the CPU's model name, not only its architecture), the thread count and torch's version."""
+    import hashlib
+    import platform
+
+    from mfd_hub.precision import dtype_name
+
+    cfg = target.config
+    device = target.device
+    if device.type == "cuda":
+        chip = torch.cuda.get_device_name(device)
+    else:
+        chip = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as info:
+                chip = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), chip)
+        except OSError:
+            pass
+    parts = [getattr(cfg, "model_type", None), getattr(cfg, "_name_or_path", None), getattr(cfg, "hidden_size", None),
+             getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None),
+             sorted(dtype_name(d) for d in dtypes), device.type, chip, torch.get_num_threads(), torch.__version__]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
 def measured_dtype(targets, input_ids, stop_ids, tokens=12, repeats=3):
     """``--dtype auto`` for the miniature on a CPU: of ``targets`` ({dtype: the target in it}), the
     dtype whose plain greedy decoding of ``input_ids`` is fastest on this machine, each timed
-    ``repeats`` times round-robin over ``tokens`` new tokens (the median decides)."""
+    ``repeats`` times round-robin over ``tokens`` new tokens (the median decides) -> (dtype,
+    whether it came from the cache). The choice is kept in the user's cache per target, device,
+    threads and torch (``dtype_choice_key``), as the round costs are, and later runs reuse it;
+    ``remember_faster_dtype`` replaces it with what a longer interleaved baseline measured."""
     import statistics
-    import time
 
+    from mfd_hub.cache import read_record, write_record
+    from mfd_hub.precision import dtype_name
     from mfd_hub.targets import greedy_decode
 
+    by_name = {dtype_name(dtype): dtype for dtype in targets}
+    key = dtype_choice_key(next(iter(targets.values())), targets)
+    kept = read_record(DTYPE_CHOICE_CACHE, key)
+    if kept and kept.get("dtype") in by_name:
+        return by_name[kept["dtype"]], True
     seconds = {dtype: [] for dtype in targets}
     for model in targets.values():  # first-call allocations stay out of the timing
         greedy_decode(model, input_ids, 2, stop_ids=stop_ids)
@@ -289,7 +326,24 @@ def measured_dtype(targets, input_ids, stop_ids, tokens=12, repeats=3):
             began = time.perf_counter()
             greedy_decode(model, input_ids, tokens, stop_ids=())  # a stop would cut one dtype's run short
             seconds[dtype].append(time.perf_counter() - began)
-    return min(seconds, key=lambda dtype: statistics.median(seconds[dtype]))
+    median = {dtype: statistics.median(values) for dtype, values in seconds.items()}
+    faster = min(median, key=median.get)
+    write_record(DTYPE_CHOICE_CACHE, key, {"dtype": dtype_name(faster), "measured_by": "measured_dtype",
+                                           "tokens_per_second": {dtype_name(d): tokens / s for d, s in median.items()}})
+    return faster, False
+
+
+def remember_faster_dtype(target, rates, measured_by):
+    """Keep the faster of ``rates`` ({dtype: plain tokens/s, timed interleaved}) as ``--dtype
+    auto``'s choice for ``target`` here: a choice that a short measurement got wrong is corrected
+    by the next run's longer baseline."""
+    from mfd_hub.cache import write_record
+    from mfd_hub.precision import dtype_name
+
+    faster = max(rates, key=rates.get)
+    write_record(DTYPE_CHOICE_CACHE, dtype_choice_key(target, rates), {
+        "dtype": dtype_name(faster), "measured_by": measured_by,
+        "tokens_per_second": {dtype_name(d): r for d, r in rates.items()}})
 
 
 def speculation_dtypes(dtype, target32, input_ids, stop_ids):
@@ -303,7 +357,7 @@ def speculation_dtypes(dtype, target32, input_ids, stop_ids):
     if dtype != "auto":
         return targets, spec_dtype, spec_dtype
     if target32.device.type == "cpu":
-        spec_dtype = measured_dtype(targets, input_ids, stop_ids)
+        spec_dtype, _ = measured_dtype(targets, input_ids, stop_ids)
     return targets, spec_dtype, drafter_dtype(spec_dtype, target32.device)
 
 
@@ -365,7 +419,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     stops = stop_ids_of(tokenizer, target)
     encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
     if log and dtype == "auto":
-        log("measuring which dtype decodes fastest here (--dtype auto)")
+        log("--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
     targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops)
     drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)

@@ -41,7 +41,7 @@ def budget_option(default="auto"):
 
 
 MEASURED_DTYPE_HELP = ("Dtype of target and drafter for speculation; auto: on a CPU, the target in the dtype of "
-                       "its faster plain decoding, timed here, and the drafter in float32 unless the CPU has "
+                       "its faster plain decoding, timed here once and then cached, and the drafter in float32 unless the CPU has "
                        "native bf16; on CUDA bfloat16.")
 
 
