@@ -94,3 +94,24 @@ def test_the_remote_code_has_one_home():
               and p.read_text(encoding="utf-8", errors="replace").startswith(HEADER_PREFIX)]
     assert not copies, copies
     assert not list((REPO / "zoo").rglob("*/*.py")), "a shipped drafter folder holds code"
+
+
+def test_the_benchmark_scripts_import_names_that_exist():
+    """benchmarks/*.py are scripts no test runs in full (they time things); every name they import
+    from mfd_hub must still exist, so a move or a rename cannot leave one broken."""
+    import importlib
+
+    missing = []
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mfd_hub" and not node.level:
+                module = importlib.import_module(node.module)
+                missing += [f"{script.name}: {node.module}.{alias.name}" for alias in node.names
+                            if not hasattr(module, alias.name)
+                            and not (hasattr(module, "__path__")  # a submodule of a package
+                                     and importlib.util.find_spec(f"{node.module}.{alias.name}"))]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "mfd_hub" and importlib.util.find_spec(alias.name) is None:
+                        missing.append(f"{script.name}: {alias.name}")
+    assert not missing, missing
