@@ -178,6 +178,7 @@ RUN_AS_WRITTEN = {
     "mfd-hub train my-recipe.yaml --resume",
     "mfd-hub list",
     "mfd-hub list --json",
+    "mfd-hub evaluate MFD-SmolLM2-135M --target smollm2 --data heldout.jsonl",
     "mfd-hub card MFD-Qwen3-8B",
     "mfd-hub card MFD-Qwen3-8B --path ./MFD-Qwen3-8B --out ./MFD-Qwen3-8B/README.md",
     "mfd-hub card MFD-D-Qwen3-4B --repo-id me/MFD-D-Qwen3-4B --out README.md",
@@ -295,6 +296,8 @@ PARSE_ONLY = {
         "HumanEval's first prompt is long: 14 s of prefills on SmolLM2 even shrunk; the built-in prompts run on the "
         "stand-in target, SmolLM2's bench on a short prompt", _HUMANEVAL),
     "mfd-hub demo --json": ("the same run as demo, printed as JSON", "mfd-hub demo"),
+    "mfd-hub evaluate ./MFD-Qwen3-4B --target ./Qwen3-4B --data heldout.jsonl --limit 100 --json": (
+        "another drafter and target, as JSON", "mfd-hub evaluate MFD-SmolLM2-135M --target smollm2 --data heldout.jsonl"),
     "mfd-hub demo --drafter MFD-SmolLM2-135M": ("demo's default drafter", "mfd-hub demo"),
     "mfd-hub demo --drafter DPACE-SmolLM2-135M": ("another shipped drafter", "mfd-hub demo"),
     "mfd-hub demo --drafter DFlash-SmolLM2-135M": ("another shipped drafter", "mfd-hub demo"),
@@ -485,6 +488,9 @@ def build_fixtures(root):
     for name in ("my.jsonl", "my-prompts.jsonl"):
         _jsonl(fx / name, [{"id": "m0", "prompt": "Write a palindrome check."}])
     _jsonl(fx / "regen.jsonl", [{"id": f"r{i}", "response_ids": [100 + i, 200, 300 + i, 2]} for i in range(4)])
+    # held-out regen records (token ids in SmolLM2's vocabulary) for evaluate
+    _jsonl(fx / "heldout.jsonl", [{"id": f"h{i}", "prompt": "", "prompt_ids": [1, 9690, 198, 4093 + i],
+                                   "response_ids": [504 + 7 * j + i for j in range(20)]} for i in range(2)])
     _jsonl(fx / "responses.jsonl", [{"id": f"r{i}", "prompt": "t1 t2", "response": f"t{5 + i} t7 t{9 + i} t0"}
                                     for i in range(4)])
     return fx, hf_home

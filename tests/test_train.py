@@ -4,6 +4,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -333,6 +334,56 @@ def reference_run(workspace):
     finally:
         os.chdir(cwd)
     return root / "runs" / "reference"
+
+
+def _rounded(summary, digits=6):
+    """A summary's numbers rounded (padding in a batch of another size moves the last bits)."""
+    def r(v):
+        return [r(x) for x in v] if isinstance(v, list) else round(v, digits) if isinstance(v, float) else v
+    return {k: r(v) for k, v in summary.items()}
+
+
+def test_evaluate_reports_the_mode_diagnostics_of_held_out_records(in_workspace, reference_run):
+    """mfd-hub evaluate: every block of the records counted once, the rates consistent, and a gate
+    made indifferent (all logits equal: its top-1 is mode 0) scores exactly mode 0's win rate and
+    coverage. The CLI prints it, as text and as JSON; missing data is one error line."""
+    from safetensors.torch import load_file, save_file
+
+    from mfd_hub.recipes.data import sample_anchors
+    from mfd_hub.recipes.evaluate import evaluate_drafter
+
+    root, _ = in_workspace
+    final = reference_run / "final"
+    sequences, _ = load_sequences("tiny-data.jsonl", 1024)
+    result = evaluate_drafter(final, "./tiny-target", "tiny-data.jsonl", anchors_per_sequence=4, batch_sequences=5)
+    assert result["blocks"] == sum(int(sample_anchors(s, 4, 0, 0, i)[1].sum()) for i, s in enumerate(sequences))
+    assert result["num_modes"] == 4 and sum(result["win_rate_per_mode"]) == pytest.approx(1.0)
+    assert 1.0 <= result["effective_modes"] <= 4.0 and result["chance"] == 0.25
+    assert max(result["coverage_per_mode"]) <= result["best_mode_coverage"] + 1e-9
+    assert result["gate_choice_coverage"] <= result["best_mode_coverage"] + 1e-9
+    # the batching does not change a number
+    assert _rounded(evaluate_drafter(final, "./tiny-target", "tiny-data.jsonl", anchors_per_sequence=4,
+                                     batch_sequences=16)) == _rounded(result)
+
+    blind = root / "blind-gate"
+    shutil.copytree(final, blind)
+    weights = load_file(blind / "model.safetensors")
+    weights["mode_gate.weight"].zero_()
+    save_file(weights, blind / "model.safetensors", metadata={"format": "pt"})
+    indifferent = evaluate_drafter(blind, "./tiny-target", "tiny-data.jsonl", anchors_per_sequence=4)
+    assert indifferent["gate_top1_accuracy"] == pytest.approx(indifferent["win_rate_per_mode"][0])
+    assert indifferent["gate_choice_coverage"] == pytest.approx(indifferent["coverage_per_mode"][0])
+
+    text, as_json, missing = run_cli_many([
+        ["evaluate", str(final), "--target", "./tiny-target", "--data", "tiny-data.jsonl", "--anchors", "4"],
+        ["evaluate", str(final), "--target", "./tiny-target", "--data", "tiny-data.jsonl", "--anchors", "4", "--json"],
+        ["evaluate", str(final), "--target", "./tiny-target", "--data", "nothing-here.jsonl"],
+    ], root)
+    assert text.returncode == 0 and "effective modes" in text.stdout and "(chance 25.0%)" in text.stdout, text.stderr
+    assert _rounded(json.loads(as_json.stdout)) == _rounded(result)
+    lines = [line for line in missing.stderr.splitlines() if line.strip()]
+    assert missing.returncode != 0 and lines == ["error: held-out data nothing-here.jsonl not found (make it with "
+                                                 "'mfd-hub regen')"], missing.stderr
 
 
 def _final_weights(run):

@@ -5,6 +5,7 @@ from .card import card
 from .convert import convert
 from .demo import demo
 from .drafters import list_drafters
+from .evaluate import evaluate
 from .generate import generate
 from .info import info
 from .push import push
@@ -12,4 +13,4 @@ from .regen import regen
 from .train import train
 from .verify import verify
 
-COMMANDS = [bench, card, convert, demo, generate, info, list_drafters, push, regen, train, verify]
+COMMANDS = [bench, card, convert, demo, evaluate, generate, info, list_drafters, push, regen, train, verify]
