@@ -19,8 +19,10 @@ PROMPTS = [
     "Write a short story about a robot that learns to paint.",
     "What is 17 times 23? Show your steps.",
 ]
-CASES = [  # every prompt with every method, budgets spread over 1..64
-    (p, method, budget)
+# Every prompt with every method, budgets spread over 1..64. A prompt's cases share one xdist
+# worker (``--dist loadgroup``), so its plain reference is decoded once, not once per worker.
+CASES = [
+    pytest.param(p, method, budget, marks=pytest.mark.xdist_group(f"smollm2-prompt-{i}"))
     for i, p in enumerate(PROMPTS)
     for method, budget in (("chain", (15, 4, 9, 1, 15)[i]), ("product", (8, 64, 2, 31, 16)[i]), ("mixture", (32, 16, 64, 5, 1)[i]))
 ]
@@ -58,3 +60,27 @@ def test_smollm2_greedy_is_token_identical(smollm2, drafter, greedy, prompt, met
     out = drafter.spec_generate(target, ids, max_new_tokens=NEW_TOKENS, method=method, tree_budget=budget)
     assert len(want) == NEW_TOKENS
     assert out.new_tokens == want
+
+
+@pytest.mark.slow
+def test_the_cached_target_equals_the_gguf_file(smollm2):
+    """The converted safetensors copy that every SmolLM2 run loads holds exactly the weights and
+    the tokenizer transformers reads from the GGUF file itself, and the conversion's memoized
+    parsing is undone afterwards. (That memoizing leaves the converted bytes unchanged was checked
+    once by hand, sha256 of every file: an unmemoized load here would cost 35 s more.)"""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mfd_hub.targets import SMOLLM2_GGUF, _gguf_parsed_once, smollm2_dir
+
+    target, tokenizer = smollm2
+    assert not hasattr(gguf.GGUFReader, "cache_info") and not hasattr(gguf.get_tensor_name_map, "cache_info")
+    with _gguf_parsed_once():
+        direct = AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        direct_tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    assert not hasattr(gguf.GGUFReader, "cache_info")
+    want, got = direct.state_dict(), target.state_dict()
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
+    text = PROMPTS[0] + " <|im_end|> naïve café"
+    assert direct_tokenizer(text).input_ids == tokenizer(text).input_ids
