@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import fork_server
+
 
 def tree_state(root):
     """Every path under ``root`` (links not followed) with its bytes, mode and mtime: equal
@@ -56,9 +58,8 @@ def _run(cases, tmp_path, work, timeout, extra_env, watch):
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     env.update(extra_env or {})
     env.pop("PYTHONPATH", None)
-    done = subprocess.run([sys.executable, __file__, str(work / "plan.json"), str(work / "results.json")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    done = fork_server.run("script", __file__, [str(work / "plan.json"), str(work / "results.json")], tmp_path, env,
+                           timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((work / "results.json").read_text())
     completed = []

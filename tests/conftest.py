@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ if not torch.cuda.is_available():
 
 from mfd_hub.testing import TARGET_FAMILIES, tiny_drafter, tiny_target
 
+import fork_server  # noqa: E402
 from cli_batch import run_cli_many, tree_state  # noqa: E402,F401 - shared with the test files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,8 @@ def target(family):
 
 
 def run_python(code, tmp_path, timeout=300, extra_env=None):
-    """Run Python code in a fresh process (cwd = tmp_path, isolated HF caches)."""
+    """Run Python code in a fresh process (cwd = tmp_path, isolated HF caches; a child of the fork
+    server, tests/fork_server.py, with torch already imported)."""
     env = dict(os.environ)
     env.update(
         HF_HOME=str(tmp_path / "hf_home"),
@@ -85,22 +86,15 @@ def run_python(code, tmp_path, timeout=300, extra_env=None):
     )
     env.pop("PYTHONPATH", None)
     env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return fork_server.run("code", code, [], tmp_path, env, timeout)
 
 
 def run_cli(args, tmp_path, timeout=600, extra_env=None):
-    """Run the installed `mfd-hub` console script in a fresh process."""
+    """Run the installed `mfd-hub` console script in a fresh process (a child of the fork server)."""
     env = dict(os.environ)
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     env.update(extra_env or {})
-    exe = Path(sys.executable).with_name("mfd-hub")
-    return subprocess.run(
-        [str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return fork_server.run("console", str(Path(sys.executable).with_name("mfd-hub")), args, tmp_path, env, timeout)
 
 
 def one_error_line(result):

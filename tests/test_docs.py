@@ -53,12 +53,12 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import fork_server
 from conftest import REPO, run_cli
 
 # ---- collecting ---------------------------------------------------------------------------------
@@ -618,9 +618,8 @@ def run_plan(plan, tmp, hf_home, timeout=900):
     env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_VERBOSITY="error", PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, str(Path(__file__).parent), str(tmp / "plan.json"), str(tmp / "results.json")],
-        cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    done = fork_server.run("code", WORKER, [str(Path(__file__).parent), str(tmp / "plan.json"), str(tmp / "results.json")],
+                           tmp, env, timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((tmp / "results.json").read_text(encoding="utf-8")), done.stderr
 
