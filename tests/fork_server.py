@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PRELOAD = ("numpy", "sympy", "torch", "torch.distributed.tensor", "safetensors.torch", "yaml", "jinja2", "click",
@@ -143,6 +144,7 @@ class _Server:
 
 
 _server = None
+_one_at_a_time = threading.Lock()  # the protocol is one request, then its replies
 
 
 def _import_time_env(env):
@@ -166,10 +168,15 @@ def run(kind, target, args, cwd, env, timeout=None):
     "script" (``python target``)."""
     argv = {"console": [target], "code": [sys.executable, "-c", target],
             "script": [sys.executable, target]}[kind] + list(args)
-    server = _server_for(env)
-    if server is None:
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+    with _one_at_a_time:
+        server = _server_for(env)
+        if server is None:
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        return _forked(server, kind, target, args, cwd, env, timeout, argv)
+
+
+def _forked(server, kind, target, args, cwd, env, timeout, argv):
     with tempfile.TemporaryDirectory(prefix="fork-run-") as scratch:
         out, err = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
         server.send({"kind": kind, "target": target, "args": [str(a) for a in args], "cwd": str(cwd),
