@@ -277,26 +277,14 @@ DTYPE_CHOICE_CACHE = "dtype-choice"
 
 def dtype_choice_key(target, dtypes):
     """What the faster plain dtype depends on: the target's shape, the candidate dtypes, the device
-    (the CPU's model name, not only its architecture), the thread count and torch's version."""
+    (the CPU's model name), the thread count and torch's version (as the round costs' key)."""
     import hashlib
-    import platform
 
     from mfd_hub.precision import dtype_name
+    from mfd_hub.remote.budget_mfd import device_name, target_shape
 
-    cfg = target.config
-    device = target.device
-    if device.type == "cuda":
-        chip = torch.cuda.get_device_name(device)
-    else:
-        chip = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as info:
-                chip = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), chip)
-        except OSError:
-            pass
-    parts = [getattr(cfg, "model_type", None), getattr(cfg, "_name_or_path", None), getattr(cfg, "hidden_size", None),
-             getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None),
-             sorted(dtype_name(d) for d in dtypes), device.type, chip, torch.get_num_threads(), torch.__version__]
+    parts = [target_shape(target), sorted(dtype_name(d) for d in dtypes), target.device.type,
+             device_name(target.device), torch.get_num_threads(), torch.__version__]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 

@@ -89,18 +89,36 @@ class RoundCosts:
         return {"format": COSTS_FORMAT, "key": self.key, "verify_seconds": self.verify_s, "draft_seconds": self.draft_s}
 
 
+def device_name(device):
+    """What the device is: the GPU's name, else the CPU's model name (not only its architecture,
+    which two very different CPUs share)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = os.uname().machine if hasattr(os, "uname") else ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return name
+
+
+def target_shape(target):
+    """The target's identity as a cost depends on it: family, name, width, depth, vocabulary, dtype."""
+    cfg = target.config
+    return [getattr(cfg, "model_type", None), getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None),
+            getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None),
+            str(target.dtype)]
+
+
 def machine_key(draft, target):
     """What the costs depend on: the target's shape, the drafter's, device, dtype, threads."""
-    cfg = target.config
     device = target.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (os.uname().machine if hasattr(os, "uname") else "")
     parts = {
-        "target": [getattr(cfg, "model_type", None), getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None),
-                   getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None),
-                   str(target.dtype)],
+        "target": target_shape(target),
         "drafter": [draft.config.hidden_size, draft.config.num_hidden_layers, draft.config.num_modes,
                     draft.config.draft_vocab_size or draft.config.vocab_size, str(draft.dtype)],
-        "device": [device.type, name],
+        "device": [device.type, device_name(device)],
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
