@@ -5,14 +5,16 @@ Every configuration answers the same training prompts of the miniature
 top-k 20, at most 192 new tokens by default), in one process. The prompts are split into
 ``--rounds`` parts and the configurations take turns on each part (the order alternates from
 round to round), so a change in machine load reaches all of them alike; the ratios are the
-figures to trust on shared cores. A configuration is ``ENGINE:DTYPE:BATCH[xSAMPLES]``: the
-engine (``generate``: transformers generate over static batches, the original engine;
-``continuous``: the default engine), ``auto`` / ``float32`` / ``bfloat16``, the batch size, and
-how many answers it draws per prompt (a continuous batch needs more answers than rows to stay
-full, as a real regeneration of thousands of prompts does; the original engine's speed does not
-depend on how many batches it runs).
+figures to trust on shared cores. A configuration is ``ENGINE:DTYPE:BATCH[xSAMPLES][:LINEARS]``:
+the engine (``generate``: transformers generate over static batches, the original engine;
+``continuous``: the default engine), ``auto`` / ``float32`` / ``bfloat16``, the batch size, how
+many answers it draws per prompt (a continuous batch needs more answers than rows to stay full, as
+a real regeneration of thousands of prompts does; the original engine's speed does not depend on
+how many batches it runs) and, for the continuous engine, its products (``auto``, the default:
+packed oneDNN where they run; ``torch``: torch's own linear layers).
 
     python benchmarks/regen_speed.py                                   # old vs new, a few minutes
+    python benchmarks/regen_speed.py --configs continuous:float32:128x8:torch continuous:float32:128x8 --prompts 32
     python benchmarks/regen_speed.py --configs generate:float32:8 generate:float32:64 \\
         continuous:float32:32 continuous:float32:64x4 continuous:bfloat16:64x4 --prompts 32 --rounds 2
 """
@@ -24,7 +26,7 @@ import time
 import torch
 
 from mfd_hub.precision import dtype_name, resolve_dtype
-from mfd_hub.recipes.regen import _encode, local_engine
+from mfd_hub.recipes.regen import LINEARS, _encode, local_engine
 from mfd_hub.targets import load_target
 from mfd_hub.zoo.prompts import derive_training_prompts
 
@@ -34,14 +36,15 @@ DEFAULT_CONFIGS = ("generate:float32:8", "continuous:auto:64x4")
 def parse_config(spec):
     """``ENGINE:DTYPE:BATCH[xSAMPLES]`` -> dict."""
     try:
-        engine, dtype, rest = spec.split(":")
+        engine, dtype, rest, *linears = spec.split(":")
         batch, _, samples = rest.partition("x")
         config = {"spec": spec, "engine": engine, "dtype": resolve_dtype(dtype), "batch_size": int(batch),
-                  "samples": int(samples or 1)}
+                  "samples": int(samples or 1), "linears": linears[0] if linears else "auto"}
     except ValueError:
-        raise SystemExit(f"error: bad configuration {spec!r}; write ENGINE:DTYPE:BATCH[xSAMPLES], "
+        raise SystemExit(f"error: bad configuration {spec!r}; write ENGINE:DTYPE:BATCH[xSAMPLES][:LINEARS], "
                          "e.g. continuous:auto:64x4") from None
-    if engine not in ("generate", "continuous") or config["batch_size"] < 1 or config["samples"] < 1:
+    if (engine not in ("generate", "continuous") or config["batch_size"] < 1 or config["samples"] < 1
+            or len(linears) > 1 or config["linears"] not in LINEARS or (engine == "generate" and linears)):
         raise SystemExit(f"error: bad configuration {spec!r}")
     return config
 
@@ -82,7 +85,8 @@ def main(argv=None):
         order = configs if round_number % 2 == 0 else configs[::-1]
         for config in order:
             model = targets[config["dtype"]][0]
-            engine = local_engine(model, tokenizer, config["engine"], config["batch_size"])
+            options = {"linears": config["linears"]} if config["engine"] == "continuous" else {}
+            engine = local_engine(model, tokenizer, config["engine"], config["batch_size"], **options)
             jobs = [ids for ids in part for _ in range(config["samples"])]
             seed = 1000 * round_number
             start = time.perf_counter()

@@ -23,6 +23,7 @@ token ids. Prompts come from JSON Lines (a file or a folder, as above) or, when 
 Face dataset (``hf:NAME[:SPLIT]``).
 """
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -38,6 +39,7 @@ from pathlib import Path
 import torch
 
 from mfd_hub.errors import MfdHubError, UsageError
+from mfd_hub.packed_linear import packed_linears, packed_linears_available
 from mfd_hub.precision import dtype_name
 
 PROMPT_FIELDS = ("prompt", "instruction", "question", "text")
@@ -47,6 +49,7 @@ META_NAME = "regen.json"  # the sidecar inside a folder output
 _SHARD = re.compile(r"part-(\d{5,})\.jsonl\.gz")
 _PARTIAL = re.compile(r"\.part-(\d{5,})\.jsonl")
 _CHUNK = 4096  # prompts templated and handed to an engine at a time
+LINEARS = ("auto", "torch")  # the continuous engine's products: packed oneDNN where they run, or torch's
 
 
 def prompt_of(record):
@@ -450,23 +453,32 @@ class ContinuousEngine:
     slack = 64  # room beyond the longest prompt and answer: the cache shifts at most once in `slack` steps
     prefill_tokens = 8192  # prompt tokens per prefill pass (bounds its memory)
 
-    def __init__(self, target, stops, pad_id, batch_size=128):
+    def __init__(self, target, stops, pad_id, batch_size=128, linears="auto"):
+        if linears not in LINEARS:
+            raise UsageError(f"unknown linears {linears!r}; choose {', '.join(LINEARS)}")
         self.target, self.stops, self.pad_id, self.batch_size = target, list(stops), pad_id, batch_size
+        self.packed = linears == "auto" and packed_linears_available(target)
 
     def describe(self):
         return {"engine": self.name, "dtype": dtype_name(self.target.dtype), "batch_size": self.batch_size,
-                "device": str(self.target.device)}
+                "device": str(self.target.device), "linears": "onednn" if self.packed else "torch"}
 
     def stream(self, encoded, temperature, top_p, top_k, max_new_tokens, seed, batch_size=None):
         """Answer every prompt of ``encoded`` (token id lists) -> yields (index, (response ids,
-        "stop" | "length")) as each answer ends."""
+        "stop" | "length")) as each answer ends. With ``linears="auto"``, an fp32 target on CPU
+        multiplies through oneDNN with packed weights meanwhile (``mfd_hub.packed_linear``)."""
         if not encoded:
             return
+        rows = max(1, min(batch_size or self.batch_size, len(encoded)))
+        with packed_linears(self.target, rows) if self.packed else contextlib.nullcontext():
+            yield from self._stream(encoded, temperature, top_p, top_k, max_new_tokens, seed, rows)
+
+    def _stream(self, encoded, temperature, top_p, top_k, max_new_tokens, seed, rows):
         device = self.target.device
         generator = torch.Generator(device=device).manual_seed(seed)
         stops = set(self.stops)
         longest = max(len(ids) for ids in encoded)
-        self._rows = max(1, min(batch_size or self.batch_size, len(encoded)))
+        self._rows = rows
         self._room = longest + max_new_tokens + self.slack
         self._cache, self._column = None, longest  # every row writes its next token at this column
         self._jobs = [None] * self._rows  # the prompt index each row answers, None when free
@@ -642,15 +654,17 @@ ENGINES = {"continuous": ContinuousEngine, "generate": TransformersEngine}
 DEFAULT_BATCH = {"continuous": 128, "generate": 8, "openai": 8}
 
 
-def local_engine(target, tokenizer, engine="continuous", batch_size=None):
-    """The engine ``engine`` (``continuous`` or ``generate``) over a transformers ``target``."""
+def local_engine(target, tokenizer, engine="continuous", batch_size=None, linears="auto"):
+    """The engine ``engine`` (``continuous`` or ``generate``) over a transformers ``target``;
+    ``linears`` (continuous only): ``auto`` (packed oneDNN products where they run) or ``torch``."""
     from mfd_hub.targets import stop_ids_of
 
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
     stops = stop_ids_of(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else 0)
-    return ENGINES[engine](target, stops, pad_id, batch_size or DEFAULT_BATCH[engine])
+    options = {"linears": linears} if engine == "continuous" else {}
+    return ENGINES[engine](target, stops, pad_id, batch_size or DEFAULT_BATCH[engine], **options)
 
 
 def regenerate(
@@ -670,6 +684,7 @@ def regenerate(
     engine="continuous",
     shard_size=SHARD_SIZE,
     provenance=None,
+    linears="auto",
 ):
     """Answer every (id, prompt) not yet in ``out_path`` (a .jsonl file or a folder of shards, see
     ``RegenOutput``); returns how many were written. ``target`` is a transformers model, answered
@@ -679,13 +694,13 @@ def regenerate(
     earlier ones are. ``progress`` is called with the number of records each write added.
     ``thinking`` (True/False) is passed to the chat template as ``enable_thinking`` (Qwen3-style
     templates); None leaves the template's default. ``provenance`` (a dict, e.g. the target's
-    name) joins the engine's settings in the output's sidecar."""
+    name) joins the engine's settings in the output's sidecar. ``linears``: see ``local_engine``."""
     out = RegenOutput(out_path, shard_size)
     todo = [(rid, text) for rid, text in prompts if rid not in out.done]
     if not todo:
         return 0
     if not hasattr(target, "stream"):
-        target = local_engine(target, tokenizer, engine, batch_size)
+        target = local_engine(target, tokenizer, engine, batch_size, linears)
     batch_size = batch_size or target.batch_size
     out.record_run({**target.describe(), "batch_size": batch_size, "temperature": temperature, "top_p": top_p,
                     "top_k": top_k, "max_new_tokens": max_new_tokens, "seed": seed, "chat_template": chat,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_cli, run_cli_many
+from mfd_hub.packed_linear import packed_linears, packed_linears_available
 from mfd_hub.recipes.regen import ContinuousEngine, read_prompts, regenerate
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_target, tiny_tokenizer
 
@@ -182,6 +183,37 @@ def test_continuous_engine_is_greedy_decoding_of_each_prompt_alone(stops):
         assert ended == ([len(response) - 1] if reason == "stop" else [])
         assert reason == "stop" or len(response) == 12
     assert {reason for _, reason in answers.values()} == {"stop", "length"}
+
+
+def test_packed_linears_give_the_products_of_the_same_weights_and_leave_the_model_as_it_was():
+    """Inside ``packed_linears`` every nn.Linear multiplies through oneDNN: the logits equal
+    torch's to fp32 rounding (not bit for bit: another summation order), gradients still flow
+    through torch's own product; outside it the model is exactly as before. The engine records
+    which products it used, and ``linears="torch"`` keeps torch's."""
+    target = tiny_target("qwen3", vocab_size=64, init_std=0.1)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        expected = target(ids).logits
+    before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
+    linears = sum(type(module) is torch.nn.Linear for module in target.modules())
+    assert packed_linears_available(target)
+    with packed_linears(target, rows=4) as packed:
+        assert packed == linears > 0
+        assert all(type(module) is not torch.nn.Linear for module in target.modules())
+        with torch.no_grad():
+            got = target(ids).logits
+        loss = target(ids).logits.sum()  # gradients on: torch's product, which autograd knows
+        loss.backward()
+        assert target.lm_head.weight.grad is not None
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5) and (got.argmax(-1) == expected.argmax(-1)).all()
+    assert sum(type(module) is torch.nn.Linear for module in target.modules()) == linears
+    assert not any(hasattr(module, "packed_weight") for module in target.modules())
+    assert all(torch.equal(before[name], tensor) for name, tensor in target.state_dict().items())
+    assert not packed_linears_available(tiny_target("qwen3").to(torch.bfloat16))
+    with packed_linears(tiny_target("qwen3").to(torch.bfloat16), rows=4) as packed:
+        assert packed == 0
+    assert ContinuousEngine(target, [0], 0).describe()["linears"] == "onednn"
+    assert ContinuousEngine(target, [0], 0, linears="torch").describe()["linears"] == "torch"
 
 
 def test_continuous_engine_samples_only_tokens_the_target_can_emit():

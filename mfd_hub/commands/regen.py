@@ -44,13 +44,16 @@ from ._common import emit_json, examples
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default=None,
               help="Dtype of the target on this machine (default auto: bfloat16 on CPUs with native bf16, AMX or "
                    "AVX512-BF16, and on CUDA; float32 elsewhere, where bf16 is emulated and slower).")
+@click.option("--linears", type=click.Choice(["auto", "torch"]), default="auto", show_default=True,
+              help="Products of the continuous engine: auto multiplies an fp32 target on CPU through oneDNN with its "
+                   "weights packed once (about 1.5x faster there); torch: torch's own linear layers.")
 @click.option("--endpoint", default=None, help="Base URL of the server for --engine openai (e.g. http://host:8000/v1).")
 @click.option("--served-model", default=None, help="Model name the server knows the target by (default: --target).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests in flight with --engine openai.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def regen(target_spec, prompts_path, out_path, temperature, top_p, top_k, max_new_tokens, batch_size, shard_size, limit,
-          seed, no_chat_template, thinking, engine, dtype, endpoint, served_model, concurrency, as_json):
+          seed, no_chat_template, thinking, engine, dtype, linears, endpoint, served_model, concurrency, as_json):
     """Answer every prompt with the target itself (resumable: finished prompts are skipped)."""
     from tqdm import tqdm
 
@@ -85,7 +88,7 @@ def regen(target_spec, prompts_path, out_path, temperature, top_p, top_k, max_ne
             target, tokenizer, prompts, out_path, temperature=temperature, top_p=top_p, top_k=top_k,
             max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, chat=not no_chat_template,
             progress=bar.update, thinking=thinking, engine=engine, shard_size=shard_size,
-            provenance={"target": target_spec},
+            provenance={"target": target_spec}, linears=linears,
         )
     summary = {"out": out_path, "layout": "folder" if folder else "file", "prompts": len(prompts),
                "already_done": done_before, "written": written, "engine": engine,
