@@ -289,8 +289,65 @@ def test_bench_writes_json_markdown_and_plots(tmp_path):
             assert 0 <= r["chimera_share"] <= 1
             assert r["mass_per_depth"] and all(0 <= m <= r["budget"] for m in r["mass_per_depth"].values())
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["results.json", "results.md", "speedup_T0.png", "tau_T0.png"]
+    assert files == ["progress.jsonl", "results.json", "results.md", "speedup_T0.png", "tau_T0.png"]
     assert (tmp_path / "out" / "results.md").read_text().count("\n") == len(rows) + 2
+
+
+def test_bench_resumes_from_the_prompts_it_finished(tmp_path, monkeypatch):
+    """A bench run keeps each finished prompt in OUT/progress.jsonl: asked again with more
+    prompts, it runs only the new ones and reports exactly what one uninterrupted run reports
+    (timing apart); a line cut by a crash is ignored; other settings are refused with one clear
+    error unless --restart discards the old run."""
+    from mfd_hub.checkpoint import save_draft
+    from mfd_hub.errors import MfdHubError
+    from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target
+    from mfd_hub.zoo import bench
+
+    target = tiny_target("llama", vocab_size=16, init_std=0.2)
+    save_tiny_target(tmp_path / "target", target)
+    save_draft(tiny_drafter(target, num_modes=2), tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n"
+                               for i, text in enumerate(["t3 t1 t4 t1 t5", "t9 t2 t6", "t5 t3 t5 t8"])))
+    calls = []
+    real = bench._bench_one_prompt
+
+    def counted(*args, **kwargs):
+        calls.append(args[3])  # the prompt's index
+        return real(*args, **kwargs)
+
+    def run(out, limit, **options):
+        return bench.run_bench_command(str(tmp_path / "target"), [str(tmp_path / "draft")], str(prompts), limit,
+                                       ["chain", "product", "mixture"], [4, 8], [0.0, 1.0], max_new_tokens=10,
+                                       out_dir=str(out), dtype="float32", **options)
+
+    def comparable(rows):  # everything but the clock
+        drop = {"tokens_per_second", "plain_tokens_per_second", "speedup", "stage_seconds_per_round", "baseline_dtype"}
+        return sorted(json.dumps({k: v for k, v in r.items() if k not in drop}, sort_keys=True) for r in rows)
+
+    monkeypatch.setattr(bench, "_bench_one_prompt", counted)
+    whole = run(tmp_path / "whole", 3)
+    assert calls == [0, 1, 2] * 2
+    calls.clear()
+    run(tmp_path / "parts", 1)
+    journal = tmp_path / "parts" / bench.PROGRESS_NAME
+    with open(journal, "a") as handle:
+        handle.write('{"temperature": 0.0, "prompt": "p1", "ids"')  # a line cut by a crash
+    resumed = run(tmp_path / "parts", 3)
+    assert calls == [0, 0, 1, 2, 1, 2]  # limit 1 (two temperatures), then only the new prompts
+    assert comparable(resumed["rows"]) == comparable(whole["rows"])
+    assert all(r["prompts"] == 3 for r in resumed["rows"]) and all(r["mismatches"] == 0 for r in resumed["rows"])
+    calls.clear()
+    again = run(tmp_path / "parts", 3)  # everything is there now, the cut line's neighbours included
+    assert calls == [] and comparable(again["rows"]) == comparable(whole["rows"])
+    with pytest.raises(MfdHubError, match="other settings .*max_new_tokens.*--restart"):
+        bench.run_bench_command(str(tmp_path / "target"), [str(tmp_path / "draft")], str(prompts), 3,
+                                ["chain", "product", "mixture"], [4, 8], [0.0, 1.0], max_new_tokens=12,
+                                out_dir=str(tmp_path / "parts"), dtype="float32")
+    assert calls == []
+    run(tmp_path / "parts", 1, restart=True)
+    assert calls == [0, 0]
+    assert len(journal.read_text().splitlines()) == 1 + 2  # the header and the two new prompt runs
 
 
 BAD_INPUT = [

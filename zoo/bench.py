@@ -14,7 +14,10 @@ where the tree's budget goes (from the target's own probabilities at verify time
 At temperature 0 every speculative output is also checked against plain decoding.
 """
 
+import dataclasses
+import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,27 @@ class RunStats:
     prompts: int = 0
     tokens_accepted: int = 0
 
+    def add(self, other):
+        """Fold ``other`` (the same cell, other prompts) into this one."""
+        for name in ("tokens", "rounds", "seconds", "nodes", "tree_nodes", "rare_last_step", "chimeras",
+                     "mismatches", "near_ties", "prompts", "tokens_accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("stage_seconds", "mass_by_depth", "nodes_by_depth"):
+            mine = getattr(self, name)
+            for key, value in getattr(other, name).items():
+                mine[key] = mine.get(key, 0) + value
+        self.divergences.extend(other.divergences)
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data):
+        data = dict(data)
+        for name in ("mass_by_depth", "nodes_by_depth"):  # JSON keys are strings; depths are ints
+            data[name] = {int(depth): value for depth, value in data[name].items()}
+        return cls(**data)
+
     def row(self, baseline):
         """baseline: {"dtype", "tokens", "seconds"}: the fastest plain decoding at this temperature."""
         tau = self.tokens_accepted / self.rounds if self.rounds else float("nan")
@@ -79,6 +103,76 @@ class RunStats:
             "unexplained": self.mismatches - self.near_ties,
             "divergences": list(self.divergences),
         }
+
+
+PROGRESS_NAME = "progress.jsonl"
+
+
+class BenchJournal:
+    """The prompts a bench run has finished, in ``OUT/progress.jsonl``, so that a run of hours
+    survives its session: a first line with the run's settings, then one line per (temperature,
+    prompt) with that prompt's plain decodings and configurations, appended as each ends. A
+    later run into the same folder with the same settings reads the prompts found there (by
+    name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest; other
+    settings are refused unless ``restart`` discards the old lines. A line cut by a crash is
+    ignored. Timings read back were taken when their prompt ran: each prompt's plain and
+    speculative runs were side by side, so ratios stay fair across sessions."""
+
+    def __init__(self, out_dir, settings, restart=False):
+        self.path = Path(out_dir) / PROGRESS_NAME
+        self.settings = json.loads(json.dumps(settings))  # as it reads back
+        self.units = {}
+        if restart and self.path.exists():
+            self.path.unlink()
+        if self.path.exists():
+            lines = self.path.read_bytes().split(b"\n")
+            try:
+                header = json.loads(lines[0])
+            except json.JSONDecodeError:
+                raise MfdHubError(f"{self.path}: not a bench progress file; move it away or pass --restart") from None
+            if header.get("settings") != self.settings:
+                changed = sorted(k for k in set(self.settings) | set(header.get("settings") or {})
+                                 if (header.get("settings") or {}).get(k) != self.settings.get(k))
+                raise MfdHubError(f"{self.path} holds a bench run with other settings ({', '.join(changed)}); "
+                                  "pass --restart to discard it, or choose another --out")
+            if lines[-1]:  # a line cut by a crash: drop it, so that the next line starts clean
+                with open(self.path, "r+b") as handle:
+                    handle.truncate(sum(len(line) + 1 for line in lines[:-1]))
+            for line in lines[1:-1]:  # the last piece has no newline: empty, or cut by a crash
+                try:
+                    unit = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.units[(unit["temperature"], unit["prompt"], unit["ids"])] = unit
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._append({"format": "mfd-hub-bench-progress-1", "settings": self.settings})
+
+    @staticmethod
+    def _ids_digest(ids):
+        return hashlib.sha256(json.dumps(ids.reshape(-1).tolist()).encode()).hexdigest()[:16]
+
+    def get(self, temperature, name, ids):
+        """The finished unit of this prompt ({"plain", "cells"}), or None."""
+        unit = self.units.get((float(temperature), name, self._ids_digest(ids)))
+        if unit is None:
+            return None
+        return {"plain": unit["plain"], "cells": [RunStats.from_json(cell) for cell in unit["cells"]]}
+
+    def add(self, temperature, name, ids, unit):
+        line = {"temperature": float(temperature), "prompt": name, "ids": self._ids_digest(ids),
+                "plain": unit["plain"], "cells": [stats.to_json() for stats in unit["cells"]]}
+        self._append(line)
+        self.units[(line["temperature"], name, line["ids"])] = line
+
+    def __len__(self):
+        return len(self.units)
+
+    def _append(self, document):
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(document) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def _tree_coverage(stats, tree, tokens, logits, temperature):
@@ -136,63 +230,89 @@ def cells_per_prompt(drafters, methods, budgets):
 
 
 def run_benchmark(targets, spec_dtype, stop_ids, encoded_prompts, drafters, methods, budgets, temperatures,
-                  max_new_tokens=128, seed=0, progress=None):
+                  max_new_tokens=128, seed=0, progress=None, journal=None, prompt_names=None):
     """targets: {torch dtype: the target in it}, plain decoding runs in each and the fastest is the
     baseline; speculation runs in ``spec_dtype`` (drafters already in it). encoded_prompts: list
     of [1, L] id tensors; drafters: {label: DFlashDraftModel}; budgets: ints and/or "auto".
-    Returns the list of result rows (one per drafter x method x budget x temperature)."""
-    from mfd_hub.precision import classify_divergence, dtype_name
-
+    ``journal`` (a ``BenchJournal``): prompts it already holds are read from it instead of run,
+    and every prompt run is added to it; ``prompt_names`` name the prompts there (default: their
+    index). Returns the list of result rows (one per drafter x method x budget x temperature)."""
     cells, plain = {}, {}
-    target = targets[spec_dtype]
     for temperature in temperatures:
         for index, ids in enumerate(encoded_prompts):
-            reference = None
-            for dtype, model in targets.items():  # every plain dtype, interleaved with the cells
-                tokens, seconds, logits = plain_decode(model, ids, max_new_tokens, temperature, stop_ids, seed + index,
-                                                       with_logits=temperature == 0 and dtype == spec_dtype)
+            name = str(prompt_names[index]) if prompt_names else str(index)
+            unit = journal.get(temperature, name, ids) if journal is not None else None
+            if unit is None:
+                unit = _bench_one_prompt(targets, spec_dtype, stop_ids, index, ids, drafters, methods, budgets,
+                                         temperature, max_new_tokens, seed, progress)
+                if journal is not None:
+                    journal.add(temperature, name, ids, unit)
+            elif progress is not None:
+                progress(len(unit["cells"]))
+            for dtype, (tokens, seconds) in unit["plain"].items():
                 total = plain.setdefault((temperature, dtype), [0, 0.0])
-                total[0] += len(tokens)
+                total[0] += tokens
                 total[1] += seconds
-                if dtype == spec_dtype:
-                    reference = (tokens, logits)
-            for label, draft in drafters.items():
-                for method in methods_for(draft, methods):
-                    for budget in budgets if method != "chain" else [_chain_budget(budgets)]:
-                        key = (label, method, budget, temperature)
-                        stats = cells.setdefault(key, RunStats(label, method, budget, temperature, dtype_name(spec_dtype)))
-
-                        def on_round(tree, tokens, logits, path, stats=stats, method=method):
-                            if method != "chain":
-                                _tree_coverage(stats, tree, tokens, logits, temperature)
-
-                        out = draft.spec_generate(
-                            target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                            stop_token_ids=stop_ids, method=method, tree_budget=budget, on_round=on_round,
-                            generator=torch.Generator().manual_seed(seed + index),
-                        )
-                        stats.prompts += 1
-                        stats.tokens += len(out.new_tokens)
-                        stats.tokens_accepted += sum(out.acceptance_lengths)
-                        stats.rounds += out.rounds
-                        stats.tree_nodes += sum(out.tree_sizes)
-                        stats.seconds += out.seconds
-                        for k, v in out.stage_seconds.items():
-                            stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
-                        if temperature == 0:
-                            check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype)
-                            if not check["identical"]:
-                                stats.mismatches += 1
-                                stats.near_ties += 1 if check["explained"] else 0
-                                stats.divergences.append({"prompt": index, **check})
-                        if progress is not None:
-                            progress(1)
+            for stats in unit["cells"]:
+                key = (stats.drafter, stats.method, stats.budget, stats.temperature)
+                if key in cells:
+                    cells[key].add(stats)
+                else:
+                    cells[key] = stats
     baselines = {}
     for (temperature, dtype), (tokens, seconds) in plain.items():
         best = baselines.get(temperature)
         if best is None or tokens / seconds > best["tokens"] / best["seconds"]:
-            baselines[temperature] = {"dtype": dtype_name(dtype), "tokens": tokens, "seconds": seconds}
+            baselines[temperature] = {"dtype": dtype, "tokens": tokens, "seconds": seconds}
     return [cell.row(baselines[cell.temperature]) for cell in cells.values()]
+
+
+def _bench_one_prompt(targets, spec_dtype, stop_ids, index, ids, drafters, methods, budgets, temperature,
+                      max_new_tokens, seed, progress):
+    """Plain decoding in every dtype, then every configuration, on one prompt -> {"plain": {dtype
+    name: [tokens, seconds]}, "cells": [RunStats of this prompt alone]}."""
+    from mfd_hub.precision import classify_divergence, dtype_name
+
+    plain, reference, cells = {}, None, []
+    target = targets[spec_dtype]
+    for dtype, model in targets.items():  # every plain dtype, interleaved with the cells
+        tokens, seconds, logits = plain_decode(model, ids, max_new_tokens, temperature, stop_ids, seed + index,
+                                               with_logits=temperature == 0 and dtype == spec_dtype)
+        plain[dtype_name(dtype)] = [len(tokens), seconds]
+        if dtype == spec_dtype:
+            reference = (tokens, logits)
+    for label, draft in drafters.items():
+        for method in methods_for(draft, methods):
+            for budget in budgets if method != "chain" else [_chain_budget(budgets)]:
+                stats = RunStats(label, method, budget, temperature, dtype_name(spec_dtype))
+
+                def on_round(tree, tokens, logits, path, stats=stats, method=method):
+                    if method != "chain":
+                        _tree_coverage(stats, tree, tokens, logits, temperature)
+
+                out = draft.spec_generate(
+                    target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                    stop_token_ids=stop_ids, method=method, tree_budget=budget, on_round=on_round,
+                    generator=torch.Generator().manual_seed(seed + index),
+                )
+                stats.prompts += 1
+                stats.tokens += len(out.new_tokens)
+                stats.tokens_accepted += sum(out.acceptance_lengths)
+                stats.rounds += out.rounds
+                stats.tree_nodes += sum(out.tree_sizes)
+                stats.seconds += out.seconds
+                for k, v in out.stage_seconds.items():
+                    stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+                if temperature == 0:
+                    check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype)
+                    if not check["identical"]:
+                        stats.mismatches += 1
+                        stats.near_ties += 1 if check["explained"] else 0
+                        stats.divergences.append({"prompt": index, **check})
+                cells.append(stats)
+                if progress is not None:
+                    progress(1)
+    return {"plain": plain, "cells": cells}
 
 
 def _chain_budget(budgets):
@@ -381,9 +501,21 @@ def default_drafters(target_spec):
     raise MfdHubError(f"name the drafters to measure against {target_spec} with --drafter")
 
 
+def weights_digest(model):
+    """sha256 of a model's parameter names, dtypes, shapes and values (a retrained drafter at the
+    same path is another drafter)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
 def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
-                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto"):
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto", restart=False):
     """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta).
+    Finished prompts are kept in ``out_dir`` as they end (``BenchJournal``): a run stopped part
+    way resumes there; ``restart`` discards them.
 
     Raises MfdHubError, after writing the results, when a T = 0 output diverged from plain
     decoding beyond what rounding in the dtype explains."""
@@ -410,6 +542,13 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         log("--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
     targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops)
     drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
+    settings = {"target": str(target_spec), "drafters": {label: weights_digest(d) for label, d in drafters.items()},
+                "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
+                "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
+                "plain_dtypes": [dtype_name(d) for d in targets], "threads": torch.get_num_threads()}
+    journal = BenchJournal(out_dir, settings, restart=restart)
+    if log and len(journal):
+        log(f"resuming: {len(journal)} prompt run(s) already in {journal.path}")
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
     with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
         if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
@@ -417,7 +556,8 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
                 draft.spec_generate(targets[spec_dtype], encoded[0], max_new_tokens=2, tree_budget="auto",
                                     method="mixture" if draft.config.num_modes else "product")
         rows = run_benchmark(targets, spec_dtype, stops, encoded, drafters, methods, budgets, temperatures,
-                             max_new_tokens=max_new_tokens, seed=seed, progress=bar.update)
+                             max_new_tokens=max_new_tokens, seed=seed, progress=bar.update, journal=journal,
+                             prompt_names=[name for name, _ in prompts])
     meta = {
         "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
