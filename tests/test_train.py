@@ -524,3 +524,34 @@ def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
     assert resolved["data"]["train"] == "x.jsonl" and resolved["train"]["lr"] == 1e-4
     listed = CliRunner().invoke(cli, ["train", "--list"])
     assert listed.exit_code == 0 and set(PUBLISHED) <= set(listed.output.split())
+
+
+def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_compute():
+    """scripts/retrain_miniature.py: every train stage is a valid packaged recipe with its
+    overrides, D-PACE and MFD get the same data, steps and anchors at every data size, stage 1 runs
+    at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "retrain_miniature.py"
+    spec = importlib.util.spec_from_file_location("retrain_miniature", path)
+    plan_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_module)
+    plan = plan_module.stages(10_400)
+    recipes = {}
+    for name, argv, marker in plan:
+        assert argv[0] == "mfd-hub"
+        if argv[1] == "train":
+            recipe = load_recipe(argv[2], argv[3:])
+            assert recipe.train.precision == "fp32" and str(marker).startswith(recipe.output.dir)
+            recipes[name] = recipe
+        else:
+            command = cli.get_command(None, argv[1])
+            command.make_context(argv[1], list(argv[2:]))  # raises on a bad option
+    for size in plan_module.SIZES:
+        dflash, dpace, mfd = (recipes[f"{size}-{kind}"] for kind in ("dflash", "dpace", "mfd"))
+        count = dflash.data.limit
+        assert count == dpace.data.limit == mfd.data.limit == (plan_module.SIZES[size] or 10_400)
+        assert dflash.train.epochs * count / dflash.train.batch_size >= 600
+        assert (dpace.train.epochs, dpace.train.anchors_per_sequence) == (mfd.train.epochs, mfd.train.anchors_per_sequence)
+        assert dpace.drafter.base == mfd.drafter.base == str(Path(dflash.output.dir) / "final")
+        assert mfd.drafter.num_modes == 8 and dpace.drafter.num_modes == 0

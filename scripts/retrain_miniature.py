@@ -1,0 +1,175 @@
+"""Maintainers: retrain the SmolLM2 miniature's drafters on the regenerated prompt set, stage by
+stage, resumable across sessions (hours of CPU: run it in the background and look in now and then).
+
+    python scripts/retrain_miniature.py status                 # what is done, what runs next, CPU hours
+    python scripts/retrain_miniature.py freeze                 # fix the training data: the answers so far
+    nohup python scripts/retrain_miniature.py run > runs/retrain/run.log 2>&1 &
+    python scripts/retrain_miniature.py run --only full-       # the stages whose name starts so
+    python scripts/retrain_miniature.py commands               # the commands, without running them
+
+Every stage is an `mfd-hub` command (train, bench, evaluate). A finished stage leaves its output
+(`final/`, `results.json`, `evaluate.json`) and is skipped; a training stopped part way resumes
+from its newest checkpoint, a bench from its finished prompts. Each stage's wall and CPU time is
+appended to runs/retrain/ledger.jsonl. `freeze` records how many answers the regeneration has
+written (at least MIN_ANSWERS) in runs/retrain/data.json, and every stage trains on the first that
+many (`data.limit`), so a regeneration that goes on writing changes nothing already trained.
+
+Choices, from measurements on the 2-core development machine (README, "Training"):
+- fp32: bf16 autocast is emulated on a CPU without native bf16, about 10x slower per step;
+- stage 1 (DFlash from scratch) for at least 600 steps of 16 sequences, as the shipped base,
+  and at least 3 epochs; the fine-tunes (D-PACE and MFD, same data and steps) for at least 225
+  steps and 1 epoch, with 8 anchors per sequence instead of 16: the MFD step with K = 8 costs
+  6.5x a one-mode step, so this halves the largest stage;
+- three data sizes for the scaling plot (1.2K, 5K and all answers), each benchmarked on the
+  first 20 HumanEval problems; the full size also on all 164 at T = 0 and T = 0.7, and its MFD
+  drafter evaluated on the held-out answers.
+"""
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA = Path("runs/regen/smollm2-12k")
+HELDOUT = Path("runs/regen/smollm2-heldout")
+ROOT = Path("runs/retrain")
+MIN_ANSWERS = 10_000
+SIZES = {"full": None, "5k": 5000, "1k2": 1200}  # data.limit of each size
+BATCH = 16  # sequences per step, as the recipes say
+STAGE1_STEPS, FINETUNE_STEPS = 600, 225
+
+
+def answers_available():
+    from mfd_hub.recipes.data import load_sequences
+
+    return len(load_sequences(str(DATA), 1024)[0]) if DATA.exists() else 0
+
+
+def epochs(data_size, steps, at_least):
+    return max(at_least, math.ceil(steps * BATCH / data_size))
+
+
+def frozen_answers():
+    path = ROOT / "data.json"
+    return json.loads(path.read_text())["answers"] if path.exists() else None
+
+
+def stages(full_size):
+    """[(name, argv, done marker)] in the order they run; ``full_size``: the frozen answer count."""
+    plan = []
+    for size, limit in SIZES.items():
+        n = limit or full_size
+        folder = ROOT / size
+        data = [f"data.train={DATA}", f"data.limit={n}", "train.precision=fp32"]
+        runs = {
+            "smollm2-dflash": [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}"],
+            "smollm2-dpace": [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", "train.anchors_per_sequence=8",
+                              f"drafter.base={folder / 'smollm2-dflash' / 'final'}"],
+            "smollm2-mfd": [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", "train.anchors_per_sequence=8",
+                            f"drafter.base={folder / 'smollm2-dflash' / 'final'}"],
+        }
+        for recipe, extra in runs.items():
+            out = folder / recipe
+            plan.append((f"{size}-{recipe.split('-')[1]}", ["mfd-hub", "train", recipe, *data, *extra,
+                                                            f"output.dir={out}"], out / "final" / "config.json"))
+        drafters = ["--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter", str(folder / "smollm2-mfd" / "final")]
+        bench20 = folder / "bench-humaneval-20"
+        plan.append((f"{size}-bench20", ["mfd-hub", "bench", *drafters, "--limit", "20", "--budgets", "16,32,64",
+                                         "--dtype", "float32", "--out", str(bench20)], bench20 / "results.json"))
+        if size == "full":
+            evaluation = folder / "evaluate.json"
+            plan.append(("full-evaluate", ["mfd-hub", "evaluate", str(folder / "smollm2-mfd" / "final"), "--data",
+                                           str(HELDOUT), "--json"], evaluation))
+    for temperature, budgets in (("0", "16,32,64,auto"), ("0.7", "16,32,64")):
+        out = ROOT / "full" / f"bench-humaneval-164-T{temperature}"
+        folder = ROOT / "full"
+        plan.append((f"full-bench164-T{temperature}", [
+            "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
+            str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
+            "--dtype", "float32", "--out", str(out)], out / "results.json"))
+    return plan
+
+
+def run_stage(name, argv, marker):
+    """Run one stage to its end (resuming a training that has checkpoints) and log its cost."""
+    if argv[1] == "train" and (Path(argv[-1].split("=", 1)[1]) / "checkpoints").exists():
+        argv = [*argv, "--resume"]
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv)}", flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.time()
+    if argv[1] == "evaluate":  # its JSON is the stage's output: written whole or not at all
+        done = subprocess.run(argv, stdout=subprocess.PIPE)
+        if done.returncode == 0:
+            temporary = marker.with_suffix(".tmp")
+            temporary.write_bytes(done.stdout)
+            temporary.replace(marker)
+    else:
+        done = subprocess.run(argv)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / "ledger.jsonl", "a", encoding="utf-8") as ledger:
+        ledger.write(json.dumps({"stage": name, "started": began, "wall_s": time.time() - began, "cpu_s": cpu,
+                                 "returncode": done.returncode, "argv": argv}) + "\n")
+    return done.returncode
+
+
+def ledger():
+    path = ROOT / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["status", "freeze", "run", "commands"])
+    parser.add_argument("--only", default="", help="run only the stages whose name starts with this")
+    args = parser.parse_args(argv)
+    frozen = frozen_answers()
+    if args.action == "freeze":
+        if frozen is not None:
+            print(f"the training data is already frozen at {frozen} answers ({ROOT / 'data.json'})")
+            return 1
+        available = answers_available()
+        if available < MIN_ANSWERS:
+            print(f"only {available} answers in {DATA}; training needs {MIN_ANSWERS}")
+            return 1
+        ROOT.mkdir(parents=True, exist_ok=True)
+        (ROOT / "data.json").write_text(json.dumps({"answers": available, "data": str(DATA)}) + "\n")
+        print(f"training data: the first {available} answers of {DATA}")
+        return 0
+    plan = [stage for stage in stages(frozen or MIN_ANSWERS) if stage[0].startswith(args.only)]
+    if args.action == "commands":
+        for name, command, _ in plan:
+            print(f"{name}: {' '.join(command)}")
+        return 0
+    if args.action == "status":
+        spent = {}
+        for entry in ledger():
+            spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+        print(f"training data: {f'the first {frozen} answers' if frozen else 'not frozen yet'}; "
+              f"{answers_available()} regenerated in {DATA}")
+        for name, _, marker in plan:
+            state = "done" if marker.exists() else "to do"
+            print(f"  {name:<22} {state:<6} {spent.get(name, 0.0) / 3600:6.2f} CPU-h")
+        print(f"total: {sum(spent.values()) / 3600:.2f} CPU-h")
+        return 0
+    if frozen is None:
+        print(f"freeze the training data first (python {sys.argv[0]} freeze)")
+        return 1
+    for name, command, marker in plan:
+        if marker.exists():
+            continue
+        code = run_stage(name, command, marker)
+        if code != 0:
+            print(f"{name} failed (exit {code}); fix it and run again: finished stages are kept", flush=True)
+            return code
+    print("every stage is done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
