@@ -79,7 +79,7 @@ def stages(full_size):
         drafters = ["--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter", str(folder / "smollm2-mfd" / "final")]
         bench20 = folder / "bench-humaneval-20"
         plan.append((f"{size}-bench20", ["mfd-hub", "bench", *drafters, "--limit", "20", "--budgets", "16,32,64",
-                                         "--dtype", "float32", "--out", str(bench20)], bench20 / "results.json"))
+                                         "--dtype", "float32", "--out", str(bench20), "--resume"], bench20 / "results.json"))
         if size == "full":
             evaluation = folder / "evaluate.json"
             plan.append(("full-evaluate", ["mfd-hub", "evaluate", str(folder / "smollm2-mfd" / "final"), "--data",
@@ -90,7 +90,7 @@ def stages(full_size):
         plan.append((f"full-bench164-T{temperature}", [
             "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
             str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
-            "--dtype", "float32", "--out", str(out)], out / "results.json"))
+            "--dtype", "float32", "--out", str(out), "--resume"], out / "results.json"))
     return plan
 
 

@@ -305,8 +305,8 @@ PARSE_ONLY = {
         "another budget and prompt", "mfd-hub demo"),
     "mfd-hub demo --dtype float32 --budget 8": ("another dtype and budget", "mfd-hub demo"),
     "mfd-hub bench --limit 20": ("as bench --limit 10", _BENCH),
-    "mfd-hub bench --limit 10 --out bench-results --restart": (
-        "as bench --limit 10, from scratch (resuming and --restart: tests/test_miniature.py)", _BENCH),
+    "mfd-hub bench --limit 164 --out bench-results --resume": (
+        "all 164 prompts, hours here (resuming: tests/test_miniature.py)", _BENCH),
     "mfd-hub bench --limit 20 --budgets 4,8,16,32,64,auto --methods product --dtype float32": (
         "as bench --limit 10, more budgets, one method", _BENCH),
     "mfd-hub bench --limit 8 --max-new-tokens 128": ("as bench --limit 10 (the miniature's results run)", _BENCH),

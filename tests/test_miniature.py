@@ -294,10 +294,10 @@ def test_bench_writes_json_markdown_and_plots(tmp_path):
 
 
 def test_bench_resumes_from_the_prompts_it_finished(tmp_path, monkeypatch):
-    """A bench run keeps each finished prompt in OUT/progress.jsonl: asked again with more
-    prompts, it runs only the new ones and reports exactly what one uninterrupted run reports
-    (timing apart); a line cut by a crash is ignored; other settings are refused with one clear
-    error unless --restart discards the old run."""
+    """A bench run keeps each finished prompt in OUT/progress.jsonl: resumed with more prompts, it
+    runs only the new ones and reports exactly what one uninterrupted run reports (timing apart);
+    a line cut by a crash is ignored; other settings are refused with one clear error; a run
+    without --resume starts afresh."""
     from mfd_hub.checkpoint import save_draft
     from mfd_hub.errors import MfdHubError
     from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target
@@ -319,7 +319,7 @@ def test_bench_resumes_from_the_prompts_it_finished(tmp_path, monkeypatch):
     def run(out, limit, **options):
         return bench.run_bench_command(str(tmp_path / "target"), [str(tmp_path / "draft")], str(prompts), limit,
                                        ["chain", "product", "mixture"], [4, 8], [0.0, 1.0], max_new_tokens=10,
-                                       out_dir=str(out), dtype="float32", **options)
+                                       out_dir=str(out), dtype="float32", resume=True, **options)
 
     def comparable(rows):  # everything but the clock
         drop = {"tokens_per_second", "plain_tokens_per_second", "speedup", "stage_seconds_per_round", "baseline_dtype"}
@@ -340,12 +340,14 @@ def test_bench_resumes_from_the_prompts_it_finished(tmp_path, monkeypatch):
     calls.clear()
     again = run(tmp_path / "parts", 3)  # everything is there now, the cut line's neighbours included
     assert calls == [] and comparable(again["rows"]) == comparable(whole["rows"])
-    with pytest.raises(MfdHubError, match="other settings .*max_new_tokens.*--restart"):
+    with pytest.raises(MfdHubError, match="other settings .*max_new_tokens.*without --resume"):
         bench.run_bench_command(str(tmp_path / "target"), [str(tmp_path / "draft")], str(prompts), 3,
                                 ["chain", "product", "mixture"], [4, 8], [0.0, 1.0], max_new_tokens=12,
-                                out_dir=str(tmp_path / "parts"), dtype="float32")
+                                out_dir=str(tmp_path / "parts"), dtype="float32", resume=True)
     assert calls == []
-    run(tmp_path / "parts", 1, restart=True)
+    bench.run_bench_command(str(tmp_path / "target"), [str(tmp_path / "draft")], str(prompts), 1,
+                            ["chain", "product", "mixture"], [4, 8], [0.0, 1.0], max_new_tokens=10,
+                            out_dir=str(tmp_path / "parts"), dtype="float32")  # no --resume: afresh
     assert calls == [0, 0]
     assert len(journal.read_text().splitlines()) == 1 + 2  # the header and the two new prompt runs
 

@@ -112,29 +112,29 @@ class BenchJournal:
     """The prompts a bench run has finished, in ``OUT/progress.jsonl``, so that a run of hours
     survives its session: a first line with the run's settings, then one line per (temperature,
     prompt) with that prompt's plain decodings and configurations, appended as each ends. A
-    later run into the same folder with the same settings reads the prompts found there (by
+    later run with ``resume`` into the same folder and the same settings reads the prompts found there (by
     name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest; other
-    settings are refused unless ``restart`` discards the old lines. A line cut by a crash is
-    ignored. Timings read back were taken when their prompt ran: each prompt's plain and
+    settings are refused. Without ``resume`` an old journal is discarded and the run starts
+    afresh (as its results would be replaced). A line cut by a crash is ignored. Timings read back were taken when their prompt ran: each prompt's plain and
     speculative runs were side by side, so ratios stay fair across sessions."""
 
-    def __init__(self, out_dir, settings, restart=False):
+    def __init__(self, out_dir, settings, resume=False):
         self.path = Path(out_dir) / PROGRESS_NAME
         self.settings = json.loads(json.dumps(settings))  # as it reads back
         self.units = {}
-        if restart and self.path.exists():
+        if not resume and self.path.exists():
             self.path.unlink()
         if self.path.exists():
             lines = self.path.read_bytes().split(b"\n")
             try:
                 header = json.loads(lines[0])
             except json.JSONDecodeError:
-                raise MfdHubError(f"{self.path}: not a bench progress file; move it away or pass --restart") from None
+                raise MfdHubError(f"{self.path}: not a bench progress file; run without --resume to replace it") from None
             if header.get("settings") != self.settings:
                 changed = sorted(k for k in set(self.settings) | set(header.get("settings") or {})
                                  if (header.get("settings") or {}).get(k) != self.settings.get(k))
                 raise MfdHubError(f"{self.path} holds a bench run with other settings ({', '.join(changed)}); "
-                                  "pass --restart to discard it, or choose another --out")
+                                  "resume it with the same ones, or run without --resume to start afresh")
             if lines[-1]:  # a line cut by a crash: drop it, so that the next line starts clean
                 with open(self.path, "r+b") as handle:
                     handle.truncate(sum(len(line) + 1 for line in lines[:-1]))
@@ -512,10 +512,10 @@ def weights_digest(model):
 
 
 def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
-                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto", restart=False):
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto", resume=False):
     """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta).
-    Finished prompts are kept in ``out_dir`` as they end (``BenchJournal``): a run stopped part
-    way resumes there; ``restart`` discards them.
+    Finished prompts are kept in ``out_dir`` as they end (``BenchJournal``): with ``resume``, a
+    run stopped part way goes on from them.
 
     Raises MfdHubError, after writing the results, when a T = 0 output diverged from plain
     decoding beyond what rounding in the dtype explains."""
@@ -546,7 +546,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
                 "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
                 "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
                 "plain_dtypes": [dtype_name(d) for d in targets], "threads": torch.get_num_threads()}
-    journal = BenchJournal(out_dir, settings, restart=restart)
+    journal = BenchJournal(out_dir, settings, resume=resume)
     if log and len(journal):
         log(f"resuming: {len(journal)} prompt run(s) already in {journal.path}")
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)

@@ -33,7 +33,7 @@ def _budgets(text):
         "mfd-hub bench --limit 20",
         "mfd-hub bench --limit 20 --budgets 4,8,16,32,64,auto --methods product --dtype float32",
         "mfd-hub bench --budgets 16,32,64 --temperatures 0,1 --out bench/humaneval",
-        "mfd-hub bench --limit 10 --out bench-results --restart",
+        "mfd-hub bench --limit 164 --out bench-results --resume",
         "mfd-hub bench --prompts my-prompts.jsonl --drafter MFD-SmolLM2-135M --methods product,mixture --json",
         "mfd-hub bench --target ./Qwen3-4B --drafter ./MFD-Qwen3-4B --limit 10",
     )
@@ -56,18 +56,19 @@ def _budgets(text):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               help="Folder for results.json, results.md and the PNG plots.")
-@click.option("--restart", is_flag=True,
-              help="Discard the finished prompts kept in --out (progress.jsonl) instead of resuming from them.")
+@click.option("--resume", is_flag=True,
+              help="Go on with the run in --out: its finished prompts (progress.jsonl) are read back, not run again; "
+                   "the settings must be the same. Without it, a run starts afresh.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as one JSON document.")
 def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, temperatures, max_new_tokens, seed,
-          out_dir, restart, as_json):
+          out_dir, resume, as_json):
     """Benchmark drafters against a target over a prompt set: plain decoding and every
     drafter x method x budget x temperature, back to back per prompt (ratios, not absolute
     times, are what a noisy machine can report). Reports tau, speedup over plain decoding,
     time per stage, the share of tree nodes that are chimeras, and the target probability mass
     the tree covers per depth; at T = 0 every output is also checked against plain decoding.
-    Each finished prompt is kept in --out (progress.jsonl): a run stopped part way, or asked
-    again with a larger --limit, runs only the prompts it has not done.
+    Each finished prompt is kept in --out (progress.jsonl): with --resume, a run stopped part
+    way, or asked again with a larger --limit, runs only the prompts it has not done.
     """
     from ..zoo.bench import run_bench_command
 
@@ -78,7 +79,7 @@ def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, te
     result = run_bench_command(
         target_spec, list(drafters), prompt_spec, limit, method_list, _budgets(budgets),
         _numbers(temperatures, "--temperatures", float, 0), max_new_tokens, seed, out_dir,
-        log=None if as_json else lambda line: click.echo(line, err=True), dtype=dtype, restart=restart,
+        log=None if as_json else lambda line: click.echo(line, err=True), dtype=dtype, resume=resume,
     )
     if as_json:
         emit_json(result)
