@@ -4,20 +4,25 @@ side by side (round-robin) in one process.
 
 Prints, per dtype, the median milliseconds at each N and the ratio to that dtype's own decode
 step, and which dtype decodes fastest. ``tree_budget="auto"`` measures the same curve once per
-machine (``mfd_hub/remote/budget_mfd.py``) and caches it.
+machine (``mfd_hub/remote/budget_mfd.py``) and caches it. A dtype written ``float32:packed`` (or
+``float32:packedR``) runs fp32 with its linear layers through oneDNN, weights packed once for
+about R rows (default 16; ``mfd_hub/packed_linear.py``).
 
     python benchmarks/cost_curve.py                                   # SmolLM2-135M, fp32 and bf16
     python benchmarks/cost_curve.py --target ./my-target --dtypes float32 float16 --nodes 1 8 64
     python benchmarks/cost_curve.py --threads 1 --context 1000 --json
+    python benchmarks/cost_curve.py --dtypes float32 float32:packed bfloat16
 """
 
 import argparse
+import contextlib
 import copy
 import json
 
 import torch
 
 from mfd_hub.kernels.tree_attention import ancestor_mask
+from mfd_hub.packed_linear import packed_linears
 from mfd_hub.precision import resolve_dtype
 from mfd_hub.remote.budget_mfd import probe_tree
 from mfd_hub.remote.targets_mfd import make_verifier
@@ -58,15 +63,21 @@ def main(argv=None):
     vocab = base.config.vocab_size
     prefix = torch.randint(0, vocab, (1, args.context), generator=torch.Generator().manual_seed(0)).to(device)
     calls, labels = [], []
-    with torch.inference_mode():
-        for name in args.dtypes:
+    with torch.inference_mode(), contextlib.ExitStack() as packings:
+        for spec in args.dtypes:
+            name, _, packing = spec.partition(":")
             dtype = resolve_dtype(name, device)
-            model = base if dtype == torch.float32 else copy.deepcopy(base).to(dtype)
+            model = base if dtype == torch.float32 and not packing else copy.deepcopy(base).to(dtype)
+            if packing:
+                if not packing.startswith("packed") or dtype != torch.float32:
+                    raise SystemExit(f"error: {spec!r}: only float32:packed[ROWS] takes a suffix")
+                if not packings.enter_context(packed_linears(model, int(packing.removeprefix("packed") or 16))):
+                    raise SystemExit(f"error: {spec!r}: oneDNN's packed linear layers are not available here")
             verifier = make_verifier(model, [0])
             verifier.prefill(prefix)
             for n in args.nodes:
                 calls.append(forward_over(verifier, n, int(prefix[0, -1]), device))
-                labels.append((str(dtype).removeprefix("torch."), n))
+                labels.append((str(dtype).removeprefix("torch.") + (f":{packing}" if packing else ""), n))
         ms = round_robin_ms(calls, args.repeats, device)
     table = {}
     for (dtype, n), value in zip(labels, ms):

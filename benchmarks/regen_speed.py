@@ -26,7 +26,8 @@ import time
 import torch
 
 from mfd_hub.precision import dtype_name, resolve_dtype
-from mfd_hub.recipes.regen import LINEARS, _encode, local_engine
+from mfd_hub.packed_linear import LINEARS
+from mfd_hub.recipes.regen import _encode, local_engine
 from mfd_hub.targets import load_target
 from mfd_hub.zoo.prompts import derive_training_prompts
 

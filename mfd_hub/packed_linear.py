@@ -56,3 +56,24 @@ def packed_linears(model, rows):
         for layer in layers:
             layer.__class__ = nn.Linear
             layer.__dict__.pop("packed_weight", None)
+
+
+# Verify passes are trees of 1 to 65 nodes; measured (benchmarks/cost_curve.py, SmolLM2, 2 AVX2
+# cores), weights packed for 16 rows beat weights packed for 1 at every size from 1 to 64.
+SPECULATION_ROWS = 16
+LINEARS = ("auto", "torch")  # auto: oneDNN packed products where they run; torch: torch's own
+
+
+@contextlib.contextmanager
+def packed_for_speculation(*models, linears="auto"):
+    """``packed_linears(model, SPECULATION_ROWS)`` for every one of ``models`` that can take them
+    (fp32 on CPU), with ``linears="auto"``; ``"torch"`` leaves them all as they are. Yields how
+    many layers were packed. A model given twice is packed once."""
+    if linears not in LINEARS:
+        raise ValueError(f"linears must be one of {', '.join(LINEARS)}, not {linears!r}")
+    with contextlib.ExitStack() as stack:
+        count = 0
+        if linears == "auto":
+            for model in models:
+                count += stack.enter_context(packed_linears(model, SPECULATION_ROWS))
+        yield count

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from mfd_hub.errors import MfdHubError, UsageError
-from mfd_hub.packed_linear import packed_linears, packed_linears_available
+from mfd_hub.packed_linear import LINEARS, packed_linears, packed_linears_available
 from mfd_hub.precision import dtype_name
 
 PROMPT_FIELDS = ("prompt", "instruction", "question", "text")
@@ -49,7 +49,6 @@ META_NAME = "regen.json"  # the sidecar inside a folder output
 _SHARD = re.compile(r"part-(\d{5,})\.jsonl\.gz")
 _PARTIAL = re.compile(r"\.part-(\d{5,})\.jsonl")
 _CHUNK = 4096  # prompts templated and handed to an engine at a time
-LINEARS = ("auto", "torch")  # the continuous engine's products: packed oneDNN where they run, or torch's
 
 
 def prompt_of(record):

@@ -109,3 +109,25 @@ def test_auto_refuses_other_words(pair):
     target, drafter = pair
     with pytest.raises(ValueError, match="auto"):
         drafter.spec_generate(target, torch.tensor([[1, 2]]), tree_budget="big")
+
+
+def test_the_round_costs_key_tells_packed_linear_layers_apart():
+    """Costs measured with oneDNN's packed products are not reused for torch's (and back): the
+    key names each model's kind of linear layers. packed_for_speculation packs a model given
+    twice once, leaves everything as it was on exit, and packs nothing with linears="torch"."""
+    from mfd_hub.packed_linear import packed_for_speculation
+    from mfd_hub.remote.budget_mfd import machine_key
+
+    target = tiny_target("qwen3", vocab_size=32)
+    draft = tiny_drafter(target, num_modes=2)
+    plain_key = machine_key(draft, target)[0]
+    layers = sum(type(m) is torch.nn.Linear for model in (target, draft) for m in model.modules())
+    with packed_for_speculation(target, draft, target) as packed:
+        assert packed == layers > 0
+        assert machine_key(draft, target)[0] != plain_key
+    assert machine_key(draft, target)[0] == plain_key
+    with packed_for_speculation(target, draft, linears="torch") as packed:
+        assert packed == 0 and machine_key(draft, target)[0] == plain_key
+    with pytest.raises(ValueError, match="linears"):
+        with packed_for_speculation(target, linears="fast"):
+            pass

@@ -512,7 +512,8 @@ def weights_digest(model):
 
 
 def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, budgets, temperatures,
-                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto", resume=False):
+                      max_new_tokens=128, seed=0, out_dir="bench-results", log=None, dtype="auto", resume=False,
+                      linears="auto"):
     """What ``mfd-hub bench`` does: load, measure, write -> dict(rows, markdown, files, meta).
     Finished prompts are kept in ``out_dir`` as they end (``BenchJournal``): with ``resume``, a
     run stopped part way goes on from them.
@@ -522,6 +523,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
+    from mfd_hub.packed_linear import packed_for_speculation
     from mfd_hub.precision import dtype_name
     from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
@@ -545,12 +547,14 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     settings = {"target": str(target_spec), "drafters": {label: weights_digest(d) for label, d in drafters.items()},
                 "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
                 "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-                "plain_dtypes": [dtype_name(d) for d in targets], "threads": torch.get_num_threads()}
+                "plain_dtypes": [dtype_name(d) for d in targets], "threads": torch.get_num_threads(),
+                "linears": linears}
     journal = BenchJournal(out_dir, settings, resume=resume)
     if log and len(journal):
         log(f"resuming: {len(journal)} prompt run(s) already in {journal.path}")
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
-    with tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
+    with packed_for_speculation(targets[torch.float32], *drafters.values(), linears=linears) as packed, \
+            tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
         if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
             for draft in drafters.values():
                 draft.spec_generate(targets[spec_dtype], encoded[0], max_new_tokens=2, tree_budget="auto",
@@ -563,7 +567,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
         "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-        "plain_dtypes": [dtype_name(d) for d in targets],
+        "plain_dtypes": [dtype_name(d) for d in targets], "linears": "onednn" if packed else "torch",
     }
     files = write_outputs(rows, out_dir, meta)
     result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

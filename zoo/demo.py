@@ -22,7 +22,8 @@ from .shipped import load_with_auto_model
 DEMO_METHODS = ("chain", "product", "mixture")
 
 
-def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=128, dtype="auto", repeats=3, log=None):
+def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=128, dtype="auto", repeats=3, log=None,
+             linears="auto"):
     """-> a dict: the text, the baseline, and per configuration tokens, tau, tok/s, speedup over the
     fastest plain decoding, and the lossless check."""
     import os
@@ -30,6 +31,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     import torch
     from tqdm import tqdm
 
+    from mfd_hub.packed_linear import packed_for_speculation
     from mfd_hub.precision import classify_divergence, dtype_name, resolve_dtype
     from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
@@ -63,23 +65,25 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in targets]  # fp32, bf16, then the spec dtype
     configs += [(method, spec(method)) for method in methods]
 
-    # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
-    if log:
-        log("warming up" + (" and measuring this machine's round costs (cached)" if budget == "auto" else ""))
-    greedy_decode(target32, ids, 4, stop_ids=stops)
-    for method in methods:
-        draft.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, stop_token_ids=stops)
+    # fp32 on CPU: target (plain and speculating alike) and drafter multiply through oneDNN
+    with packed_for_speculation(targets[torch.float32], draft, linears=linears) as packed:
+        # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
+        if log:
+            log("warming up" + (" and measuring this machine's round costs (cached)" if budget == "auto" else ""))
+        greedy_decode(target32, ids, 4, stop_ids=stops)
+        for method in methods:
+            draft.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, stop_token_ids=stops)
 
-    if log:
-        log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0), "
-            f"speculation in {dtype_name(spec_dtype)}, {repeats} interleaved repeats")
-    seconds = {name: [] for name, _ in configs}
-    last = {}
-    for _ in range(repeats):
-        for name, fn in configs:
-            began = time.perf_counter()
-            last[name] = fn()
-            seconds[name].append(time.perf_counter() - began)
+        if log:
+            log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0), "
+                f"speculation in {dtype_name(spec_dtype)}, {repeats} interleaved repeats")
+        seconds = {name: [] for name, _ in configs}
+        last = {}
+        for _ in range(repeats):
+            for name, fn in configs:
+                began = time.perf_counter()
+                last[name] = fn()
+                seconds[name].append(time.perf_counter() - began)
     median = {name: statistics.median(values) for name, values in seconds.items()}
 
     def tokens_of(name):
@@ -116,6 +120,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
         "drafter_dtype": dtype_name(draft_dtype),
+        "linears": "onednn" if packed else "torch",
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},

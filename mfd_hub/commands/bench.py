@@ -2,7 +2,7 @@
 
 import click
 
-from ._common import MEASURED_DTYPE_HELP, dtype_option, emit_json, examples
+from ._common import MEASURED_DTYPE_HELP, dtype_option, emit_json, examples, linears_option
 from ._drafter import drafter_help
 from ..errors import UsageError
 
@@ -51,6 +51,7 @@ def _budgets(text):
 @click.option("--budgets", default="16,32,64", show_default=True,
               help="Tree budgets B, and/or 'auto' (chosen per round from this machine's costs); chain: the smallest.")
 @dtype_option(help=MEASURED_DTYPE_HELP)
+@linears_option()
 @click.option("--temperatures", default="0", show_default=True, help="Sampling temperatures (0 = greedy).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -60,8 +61,8 @@ def _budgets(text):
               help="Go on with the run in --out: its finished prompts (progress.jsonl) are read back, not run again; "
                    "the settings must be the same. Without it, a run starts afresh.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result rows as one JSON document.")
-def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, temperatures, max_new_tokens, seed,
-          out_dir, resume, as_json):
+def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, linears, temperatures, max_new_tokens,
+          seed, out_dir, resume, as_json):
     """Benchmark drafters against a target over a prompt set: plain decoding and every
     drafter x method x budget x temperature, back to back per prompt (ratios, not absolute
     times, are what a noisy machine can report). Reports tau, speedup over plain decoding,
@@ -79,7 +80,7 @@ def bench(target_spec, drafters, prompt_spec, limit, methods, budgets, dtype, te
     result = run_bench_command(
         target_spec, list(drafters), prompt_spec, limit, method_list, _budgets(budgets),
         _numbers(temperatures, "--temperatures", float, 0), max_new_tokens, seed, out_dir,
-        log=None if as_json else lambda line: click.echo(line, err=True), dtype=dtype, resume=resume,
+        log=None if as_json else lambda line: click.echo(line, err=True), dtype=dtype, resume=resume, linears=linears,
     )
     if as_json:
         emit_json(result)

@@ -2,7 +2,7 @@
 
 import click
 
-from ._common import MEASURED_DTYPE_HELP, budget_option, dtype_option, emit_json, examples
+from ._common import MEASURED_DTYPE_HELP, budget_option, dtype_option, emit_json, examples, linears_option
 from ._drafter import drafter_help
 from ..errors import MfdHubError
 
@@ -34,11 +34,12 @@ def describe_check(check):
               help=drafter_help("A drafter trained for SmolLM2-135M"))
 @budget_option(default="auto")
 @dtype_option(help=MEASURED_DTYPE_HELP)
+@linears_option()
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Interleaved timing repeats of every configuration (medians are reported).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
-def demo(prompt, drafter, budget, dtype, max_new_tokens, repeats, as_json):
+def demo(prompt, drafter, budget, dtype, linears, max_new_tokens, repeats, as_json):
     """Run speculative decoding on the embedded SmolLM2-135M target, offline.
 
     Loads SmolLM2-135M-Instruct and a drafter trained for it (through AutoModel with
@@ -51,7 +52,7 @@ def demo(prompt, drafter, budget, dtype, max_new_tokens, repeats, as_json):
     from ..zoo.demo import run_demo
 
     result = run_demo(prompt, drafter=drafter, budget=budget, max_new_tokens=max_new_tokens, dtype=dtype,
-                      repeats=repeats, log=None if as_json else lambda line: click.echo(line, err=True))
+                      repeats=repeats, log=None if as_json else lambda line: click.echo(line, err=True), linears=linears)
     if as_json:
         emit_json(result)
     else:
@@ -59,7 +60,8 @@ def demo(prompt, drafter, budget, dtype, max_new_tokens, repeats, as_json):
         click.echo(f"\n{result['text']}\n")
         click.echo(f"baseline: {base['method']} ({base['tokens_per_second']:.1f} tok/s, the faster plain decoding); "
                    f"speculation: target in {result['dtype']}, drafter in {result['drafter_dtype']}, budget "
-                   f"{result['budget']}, {result['threads']} threads")
+                   f"{result['budget']}, {result['threads']} threads"
+                   + (", fp32 products through oneDNN (packed weights)" if result["linears"] == "onednn" else ""))
         click.echo(f"{'method':<15} {'tokens':>6} {'rounds':>6} {'tau':>5} {'tok/s':>7} {'speedup':>8}  output")
         for row in result["runs"]:
             click.echo(

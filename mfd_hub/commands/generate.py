@@ -2,7 +2,7 @@
 
 import click
 
-from ._common import budget_option, dtype_option, emit_json, examples
+from ._common import budget_option, dtype_option, emit_json, examples, linears_option
 from ._drafter import drafter_help, given_drafter
 from ..errors import MfdHubError, UsageError
 
@@ -20,6 +20,7 @@ from ..errors import MfdHubError, UsageError
 @click.option("--method", type=click.Choice(["chain", "product", "mixture"]), default="mixture", show_default=True)
 @budget_option(default="auto")
 @dtype_option()
+@linears_option()
 @click.option("--mode", default=None, help="chain/product on an MFD drafter: a mode index, 'gate' or 'default'.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
@@ -30,12 +31,13 @@ from ..errors import MfdHubError, UsageError
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (T > 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (text, ids, statistics).")
 @click.argument("prompt")
-def generate(drafter, old_drafter, target_spec, method, budget, dtype, mode, temperature, top_p, top_k, max_new_tokens, stops,
-             no_chat_template, seed, as_json, prompt):
+def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, mode, temperature, top_p, top_k,
+             max_new_tokens, stops, no_chat_template, seed, as_json, prompt):
     """Generate from PROMPT with a drafter speculating for a target (lossless)."""
     import torch
 
     from ..checkpoint import load_draft
+    from ..packed_linear import packed_for_speculation
     from ..precision import dtype_name, resolve_dtype
     from ..targets import encode_prompt, load_target, stop_ids_of
 
@@ -53,16 +55,18 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, mode, tem
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompt")
     ids = encode_prompt(tokenizer, prompt, chat=not no_chat_template)
     try:
-        out = draft.spec_generate(
-            target, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            stop_token_ids=sorted(set(stop_ids_of(tokenizer, target)) | set(stops)), method=method,
-            tree_budget=budget, mode=mode, generator=torch.Generator().manual_seed(seed),
-        )
+        with packed_for_speculation(target, draft, linears=linears) as packed:
+            out = draft.spec_generate(
+                target, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                stop_token_ids=sorted(set(stop_ids_of(tokenizer, target)) | set(stops)), method=method,
+                tree_budget=budget, mode=mode, generator=torch.Generator().manual_seed(seed),
+            )
     except ValueError as err:
         raise MfdHubError(str(err)) from None
     text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
     stats = out.stats()
     stats["dtype"] = dtype_name(run_dtype)
+    stats["linears"] = "onednn" if packed else "torch"
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return

@@ -111,13 +111,21 @@ def target_shape(target):
             str(target.dtype)]
 
 
+def linear_kinds(model):
+    """The classes of a model's linear layers: a layer swapped for a faster product (oneDNN with
+    packed weights, a quantised one) changes the costs."""
+    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)})
+
+
 def machine_key(draft, target):
-    """What the costs depend on: the target's shape, the drafter's, device, dtype, threads."""
+    """What the costs depend on: the target's shape, the drafter's, device, dtype, threads and the
+    kind of linear layers each multiplies with."""
     device = target.device
     parts = {
         "target": target_shape(target),
         "drafter": [draft.config.hidden_size, draft.config.num_hidden_layers, draft.config.num_modes,
                     draft.config.draft_vocab_size or draft.config.vocab_size, str(draft.dtype)],
+        "linears": [linear_kinds(target), linear_kinds(draft)],
         "device": [device.type, device_name(device)],
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
