@@ -111,12 +111,13 @@ PROGRESS_NAME = "progress.jsonl"
 class BenchJournal:
     """The prompts a bench run has finished, in ``OUT/progress.jsonl``, so that a run of hours
     survives its session: a first line with the run's settings, then one line per (temperature,
-    prompt) with that prompt's plain decodings and configurations, appended as each ends. A
-    later run with ``resume`` into the same folder and the same settings reads the prompts found there (by
-    name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest; other
-    settings are refused. Without ``resume`` an old journal is discarded and the run starts
-    afresh (as its results would be replaced). A line cut by a crash is ignored. Timings read back were taken when their prompt ran: each prompt's plain and
-    speculative runs were side by side, so ratios stay fair across sessions."""
+    prompt) with that prompt's plain decodings and configurations, appended as each ends. With
+    ``resume``, a later run into the same folder with the same settings reads the prompts found
+    there (by name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest;
+    other settings are refused. Without it an old journal is discarded and the run starts afresh
+    (its results would be replaced anyway). A line cut by a crash is dropped. Timings read back
+    were taken when their prompt ran: each prompt's plain and speculative runs side by side, so
+    ratios stay fair across sessions."""
 
     def __init__(self, out_dir, settings, resume=False):
         self.path = Path(out_dir) / PROGRESS_NAME
