@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from mfd_hub.errors import MfdHubError
+from mfd_hub.packed_linear import packed_linears
 from mfd_hub.recipes.regen import json_lines
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -194,7 +195,13 @@ class TapExtractor:
 
     @torch.no_grad()
     def __call__(self, id_lists):
-        """list of token-id lists -> list of [L_i, n_taps*H] tensors on the CPU (store dtype)."""
+        """list of token-id lists -> list of [L_i, n_taps*H] tensors on the CPU (store dtype). An
+        fp32 target on CPU multiplies through oneDNN meanwhile (``mfd_hub.packed_linear``: 352
+        against 250-284 tokens/s measured on SmolLM2, 2 cores)."""
+        with packed_linears(self.target, self.batch_tokens):
+            return self._extract(id_lists)
+
+    def _extract(self, id_lists):
         out = [None] * len(id_lists)
         order = sorted(range(len(id_lists)), key=lambda i: len(id_lists[i]))
         start = 0
