@@ -65,16 +65,21 @@ SPECULATION_ROWS = 16
 LINEARS = ("auto", "torch")  # auto: oneDNN packed products where they run; torch: torch's own
 
 
+def linears_label(packed):
+    """What reports call the products: "onednn" when layers were packed, else "torch"."""
+    return "onednn" if packed else "torch"
+
+
 @contextlib.contextmanager
-def packed_for_speculation(*models, linears="auto"):
-    """``packed_linears(model, SPECULATION_ROWS)`` for every one of ``models`` that can take them
-    (fp32 on CPU), with ``linears="auto"``; ``"torch"`` leaves them all as they are. Yields how
-    many layers were packed. A model given twice is packed once."""
+def packed_for_speculation(*models, linears="auto", rows=SPECULATION_ROWS):
+    """``packed_linears(model, rows)`` for every one of ``models`` that can take them (fp32 on
+    CPU), with ``linears="auto"``; ``"torch"`` leaves them all as they are. Yields how many layers
+    were packed. A model given twice is packed once."""
     if linears not in LINEARS:
         raise ValueError(f"linears must be one of {', '.join(LINEARS)}, not {linears!r}")
     with contextlib.ExitStack() as stack:
         count = 0
         if linears == "auto":
             for model in models:
-                count += stack.enter_context(packed_linears(model, SPECULATION_ROWS))
+                count += stack.enter_context(packed_linears(model, rows))
         yield count

@@ -23,7 +23,6 @@ token ids. Prompts come from JSON Lines (a file or a folder, as above) or, when 
 Face dataset (``hf:NAME[:SPLIT]``).
 """
 
-import contextlib
 import gzip
 import hashlib
 import json
@@ -39,7 +38,7 @@ from pathlib import Path
 import torch
 
 from mfd_hub.errors import MfdHubError, UsageError
-from mfd_hub.packed_linear import LINEARS, packed_linears, packed_linears_available
+from mfd_hub.packed_linear import LINEARS, linears_label, packed_for_speculation, packed_linears_available
 from mfd_hub.precision import dtype_name
 
 PROMPT_FIELDS = ("prompt", "instruction", "question", "text")
@@ -456,11 +455,12 @@ class ContinuousEngine:
         if linears not in LINEARS:
             raise UsageError(f"unknown linears {linears!r}; choose {', '.join(LINEARS)}")
         self.target, self.stops, self.pad_id, self.batch_size = target, list(stops), pad_id, batch_size
+        self.linears = linears
         self.packed = linears == "auto" and packed_linears_available(target)
 
     def describe(self):
         return {"engine": self.name, "dtype": dtype_name(self.target.dtype), "batch_size": self.batch_size,
-                "device": str(self.target.device), "linears": "onednn" if self.packed else "torch"}
+                "device": str(self.target.device), "linears": linears_label(self.packed)}
 
     def stream(self, encoded, temperature, top_p, top_k, max_new_tokens, seed, batch_size=None):
         """Answer every prompt of ``encoded`` (token id lists) -> yields (index, (response ids,
@@ -469,7 +469,7 @@ class ContinuousEngine:
         if not encoded:
             return
         rows = max(1, min(batch_size or self.batch_size, len(encoded)))
-        with packed_linears(self.target, rows) if self.packed else contextlib.nullcontext():
+        with packed_for_speculation(self.target, linears=self.linears, rows=rows):
             yield from self._stream(encoded, temperature, top_p, top_k, max_new_tokens, seed, rows)
 
     def _stream(self, encoded, temperature, top_p, top_k, max_new_tokens, seed, rows):

@@ -524,7 +524,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
-    from mfd_hub.packed_linear import packed_for_speculation
+    from mfd_hub.packed_linear import linears_label, packed_for_speculation
     from mfd_hub.precision import dtype_name
     from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
@@ -568,7 +568,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
         "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-        "plain_dtypes": [dtype_name(d) for d in targets], "linears": "onednn" if packed else "torch",
+        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed),
     }
     files = write_outputs(rows, out_dir, meta)
     result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

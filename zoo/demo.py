@@ -31,7 +31,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     import torch
     from tqdm import tqdm
 
-    from mfd_hub.packed_linear import packed_for_speculation
+    from mfd_hub.packed_linear import linears_label, packed_for_speculation
     from mfd_hub.precision import classify_divergence, dtype_name, resolve_dtype
     from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
@@ -120,7 +120,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
         "drafter_dtype": dtype_name(draft_dtype),
-        "linears": "onednn" if packed else "torch",
+        "linears": linears_label(packed),
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},

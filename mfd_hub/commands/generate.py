@@ -37,7 +37,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     import torch
 
     from ..checkpoint import load_draft
-    from ..packed_linear import packed_for_speculation
+    from ..packed_linear import linears_label, packed_for_speculation
     from ..precision import dtype_name, resolve_dtype
     from ..targets import encode_prompt, load_target, stop_ids_of
 
@@ -66,7 +66,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
     stats = out.stats()
     stats["dtype"] = dtype_name(run_dtype)
-    stats["linears"] = "onednn" if packed else "torch"
+    stats["linears"] = linears_label(packed)
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return
