@@ -39,8 +39,8 @@ except ImportError:
     pass
 """
 
-NO_TRITON = """
-sys.modules["triton"] = None
+NO_TRITON = f"""
+{fork_server.BLOCKS_TRITON}
 """
 
 
@@ -102,3 +102,15 @@ def one_error_line(result):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     return result.returncode != 0 and len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in result.stderr
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use a module-scoped fixture of their own module run on one xdist worker (one
+    group per module, ``--dist loadgroup`` in pyproject.toml), so the fixture is built once, not
+    once per worker: several cost 8-26 s."""
+    for item in items:
+        module = item.module.__name__ if item.module else None
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            if any(d.scope == "module" and d.baseid and module and d.baseid.endswith(f"{module}.py") for d in defs):
+                item.add_marker(pytest.mark.xdist_group(f"{module}-module-fixtures"))
+                break

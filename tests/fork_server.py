@@ -3,9 +3,11 @@
 A census of one suite run (every Python process's CPU time) found some 100 processes, about a
 third of the suite's CPU, and ~7 s of each is importing torch and transformers. This module is
 a fork server: a process that imports the env-independent heavy modules once (``PRELOAD``:
-torch and what transformers pulls in from it, never transformers, huggingface_hub, triton or
-mfd_hub, whose import reads the environment or would mask what a run imports) and forks one
-child per command. The child is a real process: its own cwd, environment, argv, file
+torch and what transformers pulls in from it, never transformers, huggingface_hub or mfd_hub,
+whose import reads the environment or would mask what a run imports) and forks one child per
+command. triton is preloaded because torch._dynamo imports it (every run that loads transformers'
+models imports both, ~1.5 s); a run that blocks triton (``BLOCKS_TRITON`` in its code) must see it
+unimported, so it gets a plain subprocess. The child is a real process: its own cwd, environment, argv, file
 descriptors 0-2 (stdin /dev/null, stdout and stderr to files), exit code, atexit handlers; it
 runs the console script's entry point, ``-c`` code or a script as ``__main__``.
 
@@ -24,8 +26,9 @@ import tempfile
 import threading
 import time
 
-PRELOAD = ("numpy", "sympy", "torch", "torch.distributed.tensor", "safetensors.torch", "yaml", "jinja2", "click",
-           "tqdm", "filelock")
+PRELOAD = ("numpy", "sympy", "torch", "torch.distributed.tensor", "torch._dynamo", "torch.export", "triton",
+           "safetensors.torch", "yaml", "jinja2", "click", "tqdm", "filelock")
+BLOCKS_TRITON = 'sys.modules["triton"] = None'  # a run's code that makes triton unimportable
 # environment a preloaded module (or the interpreter's start-up) reads once: a run that sets these
 # otherwise than the server was started with gets a plain subprocess
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH", "CUDA", "TRITON", "LD_", "PYTHONPATH",
@@ -169,7 +172,7 @@ def run(kind, target, args, cwd, env, timeout=None):
     argv = {"console": [target], "code": [sys.executable, "-c", target],
             "script": [sys.executable, target]}[kind] + list(args)
     with _one_at_a_time:
-        server = _server_for(env)
+        server = None if kind == "code" and BLOCKS_TRITON in target else _server_for(env)
         if server is None:
             return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL)

@@ -15,7 +15,8 @@ atexit.register(lambda: print("atexit ran", file=sys.stderr))
 print(json.dumps({
     "cwd": os.getcwd(), "argv": sys.argv, "stdin": sys.stdin.read(), "env_set": os.environ.get("PROBE_SET"),
     "env_dropped": os.environ.get("PROBE_DROPPED"), "parent": os.getppid(), "main": __name__,
-    "preloaded": sorted(m for m in ("torch", "transformers", "huggingface_hub", "triton", "mfd_hub") if m in sys.modules),
+    "preloaded": sorted(m for m in ("torch", "transformers", "huggingface_hub", "triton", "mfd_hub")
+                       if sys.modules.get(m) is not None),
 }))
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
@@ -34,7 +35,7 @@ def test_a_forked_run_is_a_process_of_its_own(tmp_path, monkeypatch):
     assert seen["cwd"] == str(tmp_path) and seen["argv"] == ["-c", "7", "extra"] and seen["stdin"] == ""
     assert seen["env_set"] == "yes" and seen["env_dropped"] is None and seen["main"] == "__main__"
     assert seen["parent"] != os.getpid()  # a child of the server
-    assert seen["preloaded"] == ["torch"]  # never transformers, huggingface_hub, triton or mfd_hub
+    assert seen["preloaded"] == ["torch", "triton"]  # never transformers, huggingface_hub or mfd_hub
 
     crash = fork_server.run("code", "raise KeyError('boom')", [], tmp_path, env, timeout=60)
     assert crash.returncode == 1 and crash.stderr.rstrip().endswith("KeyError: 'boom'") and "Traceback" in crash.stderr
@@ -58,3 +59,13 @@ def test_a_run_with_other_import_time_settings_gets_a_plain_process(tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["parent"] == os.getpid()
     assert json.loads(done.stdout)["preloaded"] == []
     assert sys.executable in done.args
+
+
+def test_a_run_that_blocks_triton_gets_a_plain_process(tmp_path):
+    """triton is preloaded in the server: a run that must not see it cannot be its child."""
+    import json
+
+    code = "import sys\n" + fork_server.BLOCKS_TRITON + "\n" + PROBE
+    done = fork_server.run("code", code, ["0"], tmp_path, dict(os.environ), timeout=120)
+    seen = json.loads(done.stdout)
+    assert done.returncode == 0 and seen["parent"] == os.getpid() and seen["preloaded"] == []
