@@ -109,8 +109,7 @@ def pytest_collection_modifyitems(config, items):
     group per module, ``--dist loadgroup`` in pyproject.toml), so the fixture is built once, not
     once per worker: several cost 8-26 s."""
     for item in items:
-        module = item.module.__name__ if item.module else None
-        for defs in item._fixtureinfo.name2fixturedefs.values():
-            if any(d.scope == "module" and d.baseid and module and d.baseid.endswith(f"{module}.py") for d in defs):
-                item.add_marker(pytest.mark.xdist_group(f"{module}-module-fixtures"))
-                break
+        own_file = item.nodeid.split("::")[0]
+        if any(d.scope == "module" and d.baseid == own_file
+               for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(f"{own_file}-module-fixtures"))

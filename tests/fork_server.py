@@ -6,10 +6,10 @@ a fork server: a process that imports the env-independent heavy modules once (``
 torch and what transformers pulls in from it, never transformers, huggingface_hub or mfd_hub,
 whose import reads the environment or would mask what a run imports) and forks one child per
 command. triton is preloaded because torch._dynamo imports it (every run that loads transformers'
-models imports both, ~1.5 s); a run that blocks triton (``BLOCKS_TRITON`` in its code) must see it
-unimported, so it gets a plain subprocess. The child is a real process: its own cwd, environment, argv, file
-descriptors 0-2 (stdin /dev/null, stdout and stderr to files), exit code, atexit handlers; it
-runs the console script's entry point, ``-c`` code or a script as ``__main__``.
+models imports both, ~1.5 s); a run whose code blocks triton (``BLOCKS_TRITON``) must find it
+unimported, so it gets a plain subprocess. The child is a real process: its own cwd, environment,
+argv, file descriptors 0-2 (stdin /dev/null, stdout and stderr to files), exit code, atexit
+handlers; it runs the console script's entry point, ``-c`` code or a script as ``__main__``.
 
 A run falls back to a plain subprocess when its environment differs from the server's in a
 variable that preloaded modules read at import (``IMPORT_TIME_ENV``) or when ``MFD_HUB_TEST_FORK``
