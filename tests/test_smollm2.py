@@ -12,12 +12,15 @@ from mfd_hub.zoo.shipped import shipped_drafter_dir
 
 NEW_TOKENS = 64
 
+# Python questions like the drafter's training prompts: it accepts runs of 2-3 tokens a round on
+# them (chat prompts such as "List three uses of a paperclip." reach a tau of only 1.4), so every
+# case walks long accepted paths and costs a third fewer rounds.
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "List three uses of a paperclip.",
-    "Write a short story about a robot that learns to paint.",
-    "What is 17 times 23? Show your steps.",
+    "Explain what the Python function `os.path.join` does, with an example.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function `is_palindrome(s)` that checks whether a string reads the same backwards.",
+    "Write a Python function that counts the vowels in a string.",
 ]
 CASES = [  # every prompt with every method, budgets spread over 1..64
     (p, method, budget)
@@ -71,6 +74,8 @@ def test_smollm2_greedy_is_token_identical(smollm2, drafter, greedy, prompt, met
     out = drafter.spec_generate(target, ids, max_new_tokens=NEW_TOKENS, method=method, tree_budget=budget)
     assert len(want) == NEW_TOKENS
     assert out.new_tokens == want
+    # drafts were accepted and committed: a path of two or more wherever the tree can hold one
+    assert max(out.acceptance_lengths) >= (2 if budget <= 2 else 3)
 
 
 @pytest.mark.slow
