@@ -22,7 +22,8 @@ Choices, from measurements on the 2-core development machine (README, "Training"
   6.5x a one-mode step, so this halves the largest stage;
 - three data sizes for the scaling plot (1.2K, 5K and all answers), each benchmarked on the
   first 20 HumanEval problems; the full size also on all 164 at T = 0 and T = 0.7, and its MFD
-  drafter evaluated on the held-out answers.
+  drafter evaluated on the held-out answers. The full size's drafters and their T = 0 bench run
+  first (what ships, and the verdict), then the smaller sizes, then T = 0.7.
 """
 
 import argparse
@@ -91,7 +92,9 @@ def stages(full_size):
             "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
             str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
             "--dtype", "float32", "--out", str(out), "--resume"], out / "results.json"))
-    return plan
+    # the drafters to ship and their T = 0 verdict first, then the smaller sizes of the scaling plot
+    first = [stage for stage in plan if stage[0].startswith("full-") and stage[0] != "full-bench164-T0.7"]
+    return first + [stage for stage in plan if stage not in first]
 
 
 def run_stage(name, argv, marker):

@@ -537,8 +537,13 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
     plan_module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plan_module)
     plan = plan_module.stages(10_400)
-    recipes = {}
+    recipes, trained = {}, set()
     for name, argv, marker in plan:
+        # every drafter a stage reads (a base, a bench or evaluate drafter) is trained by an earlier stage
+        used = {word.split("=", 1)[-1] for word in argv if word.split("=", 1)[-1].endswith("/final")}
+        assert used <= trained, (name, used - trained)
+        if argv[1] == "train":
+            trained.add(str(marker.parent))
         assert argv[0] == "mfd-hub"
         if argv[1] == "train":
             recipe = load_recipe(argv[2], argv[3:])
