@@ -74,6 +74,17 @@ def target(family):
     return tiny_target(family)
 
 
+def load_script(relative_path):
+    """A script of the repository (``scripts/``, ``benchmarks/``: not a package) as a module."""
+    import importlib.util
+
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_python(code, tmp_path, timeout=300, extra_env=None):
     """Run Python code in a fresh process (cwd = tmp_path, isolated HF caches; a child of the fork
     server, tests/fork_server.py, with torch already imported)."""

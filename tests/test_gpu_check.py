@@ -2,7 +2,6 @@
 code path (Triton in its interpreter) in a real subprocess and writes the report the GPU run
 writes; the exit code follows the exactness checks; bad input is one error line."""
 
-import importlib.util
 import json
 import math
 import os
@@ -12,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, one_error_line
+from conftest import REPO, load_script, one_error_line
 
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 STATUSES = {"pass", "fail", "n/a", "info", "error", "unsupported"}
@@ -123,9 +122,7 @@ def assert_speed(report):
 
 
 def test_exit_code_follows_exactness_checks():
-    spec = importlib.util.spec_from_file_location("gpu_check_module", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # stdlib imports only at module level
+    module = load_script(SCRIPT.relative_to(REPO))  # stdlib imports only at module level
 
     def check(kind, status):
         return {"kind": kind, "status": status}

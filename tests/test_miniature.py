@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import NO_MFD_HUB, one_error_line, run_cli, run_cli_many, run_python
+from conftest import NO_MFD_HUB, load_script, one_error_line, run_cli, run_cli_many, run_python
 from mfd_hub.bundle import bundle_sources
 from mfd_hub.zoo.bench import load_prompt_set
 from mfd_hub.zoo.ship import render_shipped_card
@@ -90,6 +90,39 @@ def test_benchmark_results_cover_the_acceptance_grid():
         assert ("MFD-SmolLM2-135M", "product", budget) in cells
         assert ("DPACE-SmolLM2-135M", "product", budget) in cells
     assert all(r["mismatches"] == 0 for r in results["rows"] if r["temperature"] == 0)
+
+
+def test_paper_analyses_read_the_shipped_results(capsys):
+    """benchmarks/paper_analyses.py on the shipped bench results: each mixture-over-product ratio
+    it prints is the ratio of those rows' tau and of their summed mass per depth, a missing cell
+    stays empty, and a file that is not bench results is one error."""
+    analyses = load_script("benchmarks/paper_analyses.py")
+    path = zoo_dir() / BENCH_RESULTS
+    rows = json.loads(path.read_text())["rows"]
+    analyses.main(["--results", str(path)])
+    printed = capsys.readouterr().out
+    table = {}
+    for line in printed.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0].isdigit():
+            table[int(cells[0])] = cells
+
+    def row(drafter, method, budget):
+        return next(r for r in rows if r["drafter"] == drafter and r["method"] == method and r["budget"] == budget)
+
+    assert sorted(table) == [16, 32, 64]
+    for budget, cells in table.items():
+        mix, own, other = (row("MFD-SmolLM2-135M", "mixture", budget), row("MFD-SmolLM2-135M", "product", budget),
+                           row("DPACE-SmolLM2-135M", "product", budget))
+        mass = {id(r): sum(r["mass_per_depth"].values()) for r in (mix, own, other)}
+        assert cells[1:] == [f"{mix['tau']:.2f}", f"{mix['tau'] / other['tau']:.3f}x", f"{mix['tau'] / own['tau']:.3f}x",
+                             f"{mass[id(mix)]:.3f}", f"{mass[id(mix)] / mass[id(other)]:.3f}x",
+                             f"{mass[id(mix)] / mass[id(own)]:.3f}x"]
+    dpace_line = next(line for line in printed.splitlines() if line.startswith("| DPACE-SmolLM2-135M |"))
+    assert dpace_line.count("|  |") == 3  # D-PACE has no mixture tree: its three mixture cells are empty
+    assert f"chimera share {100 * row('DPACE-SmolLM2-135M', 'product', 64)['chimera_share']:.1f}%" in printed
+    with pytest.raises(SystemExit, match="not a results.json"):
+        analyses.main(["--results", str(zoo_dir() / "MFD-SmolLM2-135M" / "model.safetensors")])
 
 
 def _humaneval_overlap(prompts):

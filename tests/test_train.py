@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from click.testing import CliRunner
-from conftest import run_cli, run_cli_many
+from conftest import load_script, run_cli, run_cli_many
 from mfd_hub.cli import cli
 from mfd_hub.errors import MfdHubError
 from mfd_hub.recipes.config import load_recipe, packaged_recipes
@@ -361,6 +361,8 @@ def test_evaluate_reports_the_mode_diagnostics_of_held_out_records(in_workspace,
     assert 1.0 <= result["effective_modes"] <= 4.0 and result["chance"] == 0.25
     assert max(result["coverage_per_mode"]) <= result["best_mode_coverage"] + 1e-9
     assert result["gate_choice_coverage"] <= result["best_mode_coverage"] + 1e-9
+    summary = "\n".join(load_script("benchmarks/paper_analyses.py").evaluate_lines(result))  # the README's lines
+    assert f"{result['effective_modes']:.2f} of 4" in summary and f"{100 * result['gate_top1_accuracy']:.1f}%" in summary
     # the batching does not change a number
     assert _rounded(evaluate_drafter(final, "./tiny-target", "tiny-data.jsonl", anchors_per_sequence=4,
                                      batch_sequences=16)) == _rounded(result)
@@ -530,12 +532,7 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
     """scripts/retrain_miniature.py: every train stage is a valid packaged recipe with its
     overrides, D-PACE and MFD get the same data, steps and anchors at every data size, stage 1 runs
     at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "retrain_miniature.py"
-    spec = importlib.util.spec_from_file_location("retrain_miniature", path)
-    plan_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan_module)
+    plan_module = load_script("scripts/retrain_miniature.py")
     plan = plan_module.stages(10_400)
     recipes, trained = {}, set()
     for name, argv, marker in plan:
