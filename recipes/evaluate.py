@@ -8,7 +8,8 @@ the mode that covers most. Reported: how often each mode wins and the effective 
 (exp of the win-rate entropy: K when every mode wins as often), how often the gate's top-1 mode is
 the winner (chance is 1/K), and the mean coverage of the gate's choice, of the best mode (an
 oracle) and of every mode. The paper's held-out figures: 7.9-8.0 effective modes of 8, the gate
-right 28% of the time against 12.5% chance.
+right 28% of the time against 12.5% chance. Also the best mode's coverage per block depth (the
+chance that its draft reaches depth d, prod_{j<=d} q_j): where it is ~0, a longer block only costs.
 """
 
 import torch
@@ -51,6 +52,7 @@ def evaluate_drafter(drafter_spec, target_spec, data, anchors_per_sequence=16, l
     extractor = TapExtractor(target, cfg.target_layer_ids, torch.float32)
     stats = ModeStats(modes)
     gate_coverage, loss_sum = 0.0, 0.0
+    depth_coverage = torch.zeros(cfg.block_size - 1, dtype=torch.float64)  # summed over blocks
     for start in range(0, len(sequences), batch_sequences):
         chunk = list(range(start, min(start + batch_sequences, len(sequences))))
         taps = extractor([sequences[i].ids for i in chunk])
@@ -59,6 +61,11 @@ def evaluate_drafter(drafter_spec, target_spec, data, anchors_per_sequence=16, l
         total, info = objective(batch.ids, batch.lengths, batch.anchors, batch.block_valid, batch.taps)
         stats.update(info["coverage"], batch.block_valid, info["winner"], info["gate_logits"])
         loss_sum += float(total)
+        # the best mode's chance of reaching each depth: prod_{j<=d} q_j (summed over d: its coverage)
+        best = info["coverage"].argmax(-1)  # [B, N]
+        reach = torch.cumprod(info["true_probs"], dim=-1)  # [B, N, M, P]
+        reach = reach.gather(2, best[:, :, None, None].expand(*best.shape, 1, reach.shape[-1]))[:, :, 0]
+        depth_coverage += reach[batch.block_valid].double().sum(0)
         if info["gate_logits"] is not None:
             picked = info["coverage"].gather(-1, info["gate_logits"].argmax(-1, keepdim=True))[..., 0]
             gate_coverage += float(picked[batch.block_valid].sum())
@@ -73,6 +80,7 @@ def evaluate_drafter(drafter_spec, target_spec, data, anchors_per_sequence=16, l
         "blocks": blocks, "anchors_per_sequence": anchors_per_sequence, "seed": seed, "num_modes": cfg.num_modes,
         "loss_per_block": loss_sum / blocks, "loss": loss.type,
         "coverage_per_mode": summary["coverage_per_mode"], "best_mode_coverage": summary["best_mode_coverage"],
+        "best_mode_coverage_per_depth": (depth_coverage / blocks).tolist(),
     }
     if cfg.num_modes > 1:
         out.update(win_rate_per_mode=summary["win_rate_per_mode"], effective_modes=summary["effective_modes"],

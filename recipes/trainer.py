@@ -162,6 +162,7 @@ class DrafterObjective(nn.Module):
 
         out = self._draft(embeds, anchors, taps, "all" if cfg.num_modes else None)
         logp = self._logprobs(out.hidden_states[:, :, :, 1:], true_ids, valid)
+        true_probs = true_token_probs(logp, valid[:, :, None].expand(logp.shape))  # [B, N, M, P], detached
         parts = {}
         if loss.type == "mfd":
             block_loss, extra = mfd_loss(logp, valid, out.gate_logits, loss.alpha, loss.winner_weight, loss.gate_weight)
@@ -185,7 +186,7 @@ class DrafterObjective(nn.Module):
         parts = {k: (v.detach() * block_valid).sum() for k, v in parts.items()}
         block_loss = torch.where(block_valid, block_loss, torch.zeros_like(block_loss))
         info = {"parts": parts, "coverage": coverage.detach(), "winner": winner, "gate_logits": gate_logits,
-                "default_coverage": default_coverage}
+                "default_coverage": default_coverage, "true_probs": true_probs}
         return block_loss.sum(), info
 
 

@@ -18,8 +18,12 @@ Choices, from measurements on the 2-core development machine (README, "Training"
 - fp32: bf16 autocast is emulated on a CPU without native bf16, about 10x slower per step;
 - stage 1 (DFlash from scratch) for at least 600 steps of 16 sequences, as the shipped base,
   and at least 3 epochs; the fine-tunes (D-PACE and MFD, same data and steps) for at least 225
-  steps and 1 epoch, with 8 anchors per sequence instead of 16: the MFD step with K = 8 costs
+  steps and 1 epoch, with half stage 1's anchors per sequence: the MFD step with K = 8 costs
   6.5x a one-mode step, so this halves the largest stage;
+- blocks of 8 (the anchor and 7 drafted positions) instead of 16, with twice the anchors at the
+  same cost a step: on held-out answers, positions 9-15 of a block-16 drafter held none of the
+  greedy accepted length and 1e-8 of its expected length (README, "Training"), so half of a
+  block-16 step trained positions no draft ever reaches; a block of 8 also halves drafting;
 - three data sizes for the scaling plot (1.2K, 5K and all answers), each benchmarked on the
   first 20 HumanEval problems; the full size also on all 164 at T = 0 and T = 0.7, and its MFD
   drafter evaluated on the held-out answers. The full size's drafters and their T = 0 bench run
@@ -42,6 +46,8 @@ MIN_ANSWERS = 10_000
 SIZES = {"full": None, "5k": 5000, "1k2": 1200}  # data.limit of each size
 BATCH = 16  # sequences per step, as the recipes say
 STAGE1_STEPS, FINETUNE_STEPS = 600, 225
+BLOCK = 8  # anchor + drafted positions of every retrained drafter
+STAGE1_ANCHORS, FINETUNE_ANCHORS = 32, 16  # anchors per sequence: positions x anchors sets a step's cost
 
 
 def answers_available():
@@ -65,13 +71,13 @@ def stages(full_size):
     for size, limit in SIZES.items():
         n = limit or full_size
         folder = ROOT / size
-        data = [f"data.train={DATA}", f"data.limit={n}", "train.precision=fp32"]
+        data = [f"data.train={DATA}", f"data.limit={n}", "train.precision=fp32", f"drafter.block_size={BLOCK}"]
+        finetune = [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", f"train.anchors_per_sequence={FINETUNE_ANCHORS}",
+                    f"drafter.base={folder / 'smollm2-dflash' / 'final'}"]
         runs = {
-            "smollm2-dflash": [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}"],
-            "smollm2-dpace": [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", "train.anchors_per_sequence=8",
-                              f"drafter.base={folder / 'smollm2-dflash' / 'final'}"],
-            "smollm2-mfd": [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", "train.anchors_per_sequence=8",
-                            f"drafter.base={folder / 'smollm2-dflash' / 'final'}"],
+            "smollm2-dflash": [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}", f"train.anchors_per_sequence={STAGE1_ANCHORS}"],
+            "smollm2-dpace": finetune,
+            "smollm2-mfd": finetune,
         }
         for recipe, extra in runs.items():
             out = folder / recipe
@@ -102,16 +108,19 @@ def run_stage(name, argv, marker):
     if argv[1] == "train" and (Path(argv[-1].split("=", 1)[1]) / "checkpoints").exists():
         argv = [*argv, "--resume"]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv)}", flush=True)
+    # the mfd-hub installed beside this interpreter, so a run without an activated venv finds it
+    beside = Path(sys.executable).with_name(argv[0])
+    command = [str(beside) if beside.exists() else argv[0], *argv[1:]]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.time()
     if argv[1] == "evaluate":  # its JSON is the stage's output: written whole or not at all
-        done = subprocess.run(argv, stdout=subprocess.PIPE)
+        done = subprocess.run(command, stdout=subprocess.PIPE)
         if done.returncode == 0:
             temporary = marker.with_suffix(".tmp")
             temporary.write_bytes(done.stdout)
             temporary.replace(marker)
     else:
-        done = subprocess.run(argv)
+        done = subprocess.run(command)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     ROOT.mkdir(parents=True, exist_ok=True)

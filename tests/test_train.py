@@ -361,6 +361,9 @@ def test_evaluate_reports_the_mode_diagnostics_of_held_out_records(in_workspace,
     assert 1.0 <= result["effective_modes"] <= 4.0 and result["chance"] == 0.25
     assert max(result["coverage_per_mode"]) <= result["best_mode_coverage"] + 1e-9
     assert result["gate_choice_coverage"] <= result["best_mode_coverage"] + 1e-9
+    depths = result["best_mode_coverage_per_depth"]  # the chance of reaching each depth: falls with depth
+    assert len(depths) == 7 and all(a >= b for a, b in zip(depths, depths[1:])) and depths[0] > depths[-1]
+    assert sum(depths) == pytest.approx(result["best_mode_coverage"])
     summary = "\n".join(load_script("benchmarks/paper_analyses.py").evaluate_lines(result))  # the README's lines
     assert f"{result['effective_modes']:.2f} of 4" in summary and f"{100 * result['gate_top1_accuracy']:.1f}%" in summary
     # the batching does not change a number
@@ -382,6 +385,7 @@ def test_evaluate_reports_the_mode_diagnostics_of_held_out_records(in_workspace,
         ["evaluate", str(final), "--target", "./tiny-target", "--data", "nothing-here.jsonl"],
     ], root)
     assert text.returncode == 0 and "effective modes" in text.stdout and "(chance 25.0%)" in text.stdout, text.stderr
+    assert "best mode, per depth  " + "  ".join(f"{c:.3g}" for c in depths) in text.stdout
     assert _rounded(json.loads(as_json.stdout)) == _rounded(result)
     lines = [line for line in missing.stderr.splitlines() if line.strip()]
     assert missing.returncode != 0 and lines == ["error: held-out data nothing-here.jsonl not found (make it with "
@@ -530,7 +534,7 @@ def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
 
 def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_compute():
     """scripts/retrain_miniature.py: every train stage is a valid packaged recipe with its
-    overrides, D-PACE and MFD get the same data, steps and anchors at every data size, stage 1 runs
+    overrides, D-PACE and MFD get the same data, steps and anchors at every data size, all three the same block, stage 1 runs
     at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands."""
     plan_module = load_script("scripts/retrain_miniature.py")
     plan = plan_module.stages(10_400)
@@ -557,3 +561,4 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         assert (dpace.train.epochs, dpace.train.anchors_per_sequence) == (mfd.train.epochs, mfd.train.anchors_per_sequence)
         assert dpace.drafter.base == mfd.drafter.base == str(Path(dflash.output.dir) / "final")
         assert mfd.drafter.num_modes == 8 and dpace.drafter.num_modes == 0
+        assert dflash.drafter.block_size == dpace.drafter.block_size == mfd.drafter.block_size == plan_module.BLOCK

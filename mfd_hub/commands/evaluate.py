@@ -25,8 +25,9 @@ from ._drafter import drafter_argument
 def evaluate(drafter, target_spec, data, limit, anchors, seed, as_json):
     """Mode diagnostics of a drafter on held-out answers: how often each mode wins a block (covers
     the true continuation best), the effective number of modes, how often the gate's top-1 mode
-    is the winner (against 1/K chance), and the mean accepted-length coverage of the gate's
-    choice, of the best mode and of each mode."""
+    is the winner (against 1/K chance), the mean accepted-length coverage of the gate's choice,
+    of the best mode and of each mode, and the best mode's coverage per block depth (the chance
+    its draft reaches each depth: where it is ~0, a longer block only costs)."""
     from tqdm import tqdm
 
     from ..recipes.evaluate import evaluate_drafter
@@ -59,4 +60,5 @@ def evaluate(drafter, target_spec, data, limit, anchors, seed, as_json):
     else:
         click.echo(f"coverage              {result['best_mode_coverage']:.3f} (one path)")
     click.echo(f"coverage per mode     {per_mode}")
+    click.echo("best mode, per depth  " + "  ".join(f"{c:.3g}" for c in result["best_mode_coverage_per_depth"]))
     click.echo(f"loss per block        {result['loss_per_block']:.4f} ({result['loss']})")
