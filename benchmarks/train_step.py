@@ -8,6 +8,7 @@ of the right shapes, which is all a step's cost depends on.
 
     python benchmarks/train_step.py                      # the default grid
     python benchmarks/train_step.py --anchors 16 32 --modes 8 --vocab 4096 --layers 2
+    python benchmarks/train_step.py --blocks 16 8 --anchors 16 32 --modes 1 --draft-vocab 4096 --layers 2 --precision fp32
 """
 
 import argparse
@@ -26,10 +27,10 @@ from mfd_hub.converters.draft_vocab import reduce_vocabulary
 from mfd_hub.recipes.trainer import DrafterObjective, add_modes
 
 
-def drafter(hidden, layers, inter, vocab, modes, draft_vocab, head):
+def drafter(hidden, layers, inter, vocab, modes, draft_vocab, head, block):
     config = DFlashConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                           num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 192), head_dim=64,
-                          block_size=16, num_target_layers=30, target_layer_ids=[1, 7, 14, 20, 27],
+                          block_size=block, num_target_layers=30, target_layer_ids=[1, 7, 14, 20, 27],
                           mask_token_id=vocab - 1)
     torch.manual_seed(0)
     model = DFlashDraftModel(config).float()
@@ -46,7 +47,7 @@ def time_step(args, anchors, modes, vocab_d, chunk, repeats, precision):
     autocast = torch.bfloat16 if precision == "bf16" else None
     head = torch.randn(vocab, hidden) * 0.02
     embed = torch.randn(vocab, hidden) * 0.02
-    model = drafter(hidden, args.layers, args.intermediate, vocab, modes, vocab_d, head)
+    model = drafter(hidden, args.layers, args.intermediate, vocab, modes, vocab_d, head, args.block)
     loss = SimpleNamespace(type="mfd" if modes > 1 else "dpace", alpha=0.5, winner_weight=0.9, gate_weight=0.1,
                            gamma=7.0, default_weight=1.0)
     # as the trainer does: the frozen target head in the compute precision
@@ -103,6 +104,7 @@ def main():
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--draft-vocab", type=int, nargs="+", default=[0, 4096], help="0 = the full vocabulary")
     parser.add_argument("--anchors", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[16], help="block sizes (anchor + drafted positions)")
     parser.add_argument("--modes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt", type=int, default=100)
     parser.add_argument("--length", type=int, default=400, help="prompt + response tokens")
@@ -128,14 +130,14 @@ def main():
     # on an idle one
     header = " ".join(f"{p + ' wall s':>11} {p + ' CPU s':>10}" for p in args.precision)
     ratio = "  fp32/bf16 (CPU)" if args.precision == ["fp32", "bf16"] else ""
-    print(f"{'layers':>6} {'modes':>5} {'anchors':>7} {'vocab':>6} {header}{ratio}")
-    grid = itertools.product(args.layers, args.modes, args.anchors, args.draft_vocab)
-    for layers, modes, anchors, vocab_d in grid:
-        args.layers = layers
+    print(f"{'layers':>6} {'block':>5} {'modes':>5} {'anchors':>7} {'vocab':>6} {header}{ratio}")
+    grid = itertools.product(args.layers, args.blocks, args.modes, args.anchors, args.draft_vocab)
+    for layers, block, modes, anchors, vocab_d in grid:
+        args.layers, args.block = layers, block
         seconds = [time_step(args, anchors, modes, vocab_d, args.head_chunk, args.repeats, p) for p in args.precision]
         cells = " ".join(f"{wall:>11.2f} {cpu:>10.2f}" for wall, cpu in seconds)
         extra = f"  {seconds[0][1] / seconds[1][1]:>15.2f}x" if ratio else ""
-        print(f"{layers:>6} {modes:>5} {anchors:>7} {vocab_d or args.vocab:>6} {cells}{extra}", flush=True)
+        print(f"{layers:>6} {block:>5} {modes:>5} {anchors:>7} {vocab_d or args.vocab:>6} {cells}{extra}", flush=True)
     print(f"peak resident memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
