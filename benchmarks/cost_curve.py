@@ -6,12 +6,14 @@ Prints, per dtype, the median milliseconds at each N and the ratio to that dtype
 step, and which dtype decodes fastest. ``tree_budget="auto"`` measures the same curve once per
 machine (``mfd_hub/remote/budget_mfd.py``) and caches it. A dtype written ``float32:packed`` (or
 ``float32:packedR``) runs fp32 with its linear layers through oneDNN, weights packed once for
-about R rows (default 16; ``mfd_hub/packed_linear.py``).
+about R rows (default 16; ``mfd_hub/packed_linear.py``); ``float32:fp16w`` multiplies by the
+weights rounded to fp16 (FBGEMM, fp32 rows and sums).
 
     python benchmarks/cost_curve.py                                   # SmolLM2-135M, fp32 and bf16
     python benchmarks/cost_curve.py --target ./my-target --dtypes float32 float16 --nodes 1 8 64
     python benchmarks/cost_curve.py --threads 1 --context 1000 --json
     python benchmarks/cost_curve.py --dtypes float32 float32:packed bfloat16
+    python benchmarks/cost_curve.py --dtypes float32:packed float32:fp16w bfloat16
 """
 
 import argparse
@@ -22,7 +24,7 @@ import json
 import torch
 
 from mfd_hub.kernels.tree_attention import ancestor_mask
-from mfd_hub.packed_linear import packed_linears
+from mfd_hub.packed_linear import fp16_weight_linears, packed_linears
 from mfd_hub.precision import resolve_dtype
 from mfd_hub.remote.budget_mfd import probe_tree
 from mfd_hub.remote.targets_mfd import make_verifier
@@ -69,9 +71,12 @@ def main(argv=None):
             dtype = resolve_dtype(name, device)
             model = base if dtype == torch.float32 and not packing else copy.deepcopy(base).to(dtype)
             if packing:
-                if not packing.startswith("packed") or dtype != torch.float32:
-                    raise SystemExit(f"error: {spec!r}: only float32:packed[ROWS] takes a suffix")
-                if not packings.enter_context(packed_linears(model, int(packing.removeprefix("packed") or 16))):
+                if not (packing.startswith("packed") or packing == "fp16w") or dtype != torch.float32:
+                    raise SystemExit(f"error: {spec!r}: only float32:packed[ROWS] and float32:fp16w take a suffix")
+                if packing == "fp16w":
+                    if not packings.enter_context(fp16_weight_linears(model)):
+                        raise SystemExit(f"error: {spec!r}: FBGEMM's fp16-weight products are not available here")
+                elif not packings.enter_context(packed_linears(model, int(packing.removeprefix("packed") or 16))):
                     raise SystemExit(f"error: {spec!r}: oneDNN's packed linear layers are not available here")
             verifier = make_verifier(model, [0])
             verifier.prefill(prefix)

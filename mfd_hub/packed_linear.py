@@ -59,27 +59,97 @@ def packed_linears(model, rows):
             layer.__dict__.pop("packed_weight", None)
 
 
+def fp16_weight_linears_available(model):
+    """Whether ``model`` can take fp16-weight linears: fp32 on CPU, and a torch built with FBGEMM's
+    fp16 products (``torch.ops.quantized.linear_dynamic_fp16``, x86)."""
+    try:
+        parameter = next(model.parameters())
+    except StopIteration:
+        return False
+    return (parameter.device.type == "cpu" and parameter.dtype == torch.float32
+            and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_prepack_fp16"))
+
+
+class _Fp16WeightLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward multiplies fp32 rows by its weight stored in fp16
+    (``fp16_weight``), accumulating in fp32; with gradients on, or an input that is not fp32 on
+    CPU, it is a plain linear layer."""
+
+    def forward(self, x):
+        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            return super().forward(x)
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.fp16_weight)
+
+
+@contextlib.contextmanager
+def fp16_weight_linears(model):
+    """Within the block, every ``nn.Linear`` of ``model`` (fp32, CPU) multiplies by its weight
+    rounded to fp16 (FBGEMM: the weight read as fp16 and widened in registers, the rows and the
+    sums fp32). A verify pass of a few to 64 rows then reads the weights once at half the bytes:
+    on 2 AVX2 cores, 30 of SmolLM2's MLP products cost 6.5 / 9.3 / 16 ms at 1 / 4 / 16 rows
+    against 18 / 33 / 38 in fp32 and 6.5 / 19 / 67 in emulated bf16. The model computes with
+    fp16-rounded weights (10 fraction bits: finer than bf16's 7), so its outputs are those of that
+    rounding; on exit the layers are as before. Yields the number of layers changed."""
+    layers = [module for module in model.modules() if type(module) is nn.Linear] \
+        if fp16_weight_linears_available(model) else []
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                layer.fp16_weight = torch.ops.quantized.linear_prepack_fp16(layer.weight.detach(), layer.bias)
+                layer.__class__ = _Fp16WeightLinear
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.__class__ = nn.Linear
+            layer.__dict__.pop("fp16_weight", None)
+
+
 # Verify passes are trees of 1 to 65 nodes; measured (benchmarks/cost_curve.py, SmolLM2, 2 AVX2
 # cores), weights packed for 16 rows beat weights packed for 1 at every size from 1 to 64.
 SPECULATION_ROWS = 16
-LINEARS = ("auto", "torch")  # auto: oneDNN packed products where they run; torch: torch's own
+LINEARS = ("auto", "torch")  # regen: auto, oneDNN packed products where they run; torch: torch's own
+# speculation (demo, bench, generate) may also round the weights to fp16: onednn / fp16 / torch,
+# or auto (``speculation_linears``)
+SPECULATION_LINEARS = ("auto", "onednn", "fp16", "torch")
 
 
-def linears_label(packed):
-    """What reports call the products: "onednn" when layers were packed, else "torch"."""
-    return "onednn" if packed else "torch"
+def speculation_linears(linears, device="cpu"):
+    """``auto`` -> ``fp16`` on a CPU without native bf16 where FBGEMM's fp16 products run (its
+    decode step reads half the bytes, as bf16's does, and a verify of 4 rows costs 1.3 steps
+    against bf16's 2.0: ``benchmarks/cost_curve.py``), else ``onednn``; other names unchanged."""
+    from .precision import cpu_has_native_bf16
+
+    if linears not in SPECULATION_LINEARS:
+        raise ValueError(f"linears must be one of {', '.join(SPECULATION_LINEARS)}, not {linears!r}")
+    if linears != "auto":
+        return linears
+    if torch.device(device).type == "cpu" and not cpu_has_native_bf16() \
+            and "fbgemm" in torch.backends.quantized.supported_engines:
+        return "fp16"
+    return "onednn"
+
+
+def linears_label(packed, linears="auto"):
+    """What reports call the products: "fp16-weights" or "onednn" when layers were changed, else
+    "torch"."""
+    if not packed:
+        return "torch"
+    return "fp16-weights" if linears == "fp16" else "onednn"
 
 
 @contextlib.contextmanager
 def packed_for_speculation(*models, linears="auto", rows=SPECULATION_ROWS):
     """``packed_linears(model, rows)`` for every one of ``models`` that can take them (fp32 on
-    CPU), with ``linears="auto"``; ``"torch"`` leaves them all as they are. Yields how many layers
-    were packed. A model given twice is packed once."""
-    if linears not in LINEARS:
-        raise ValueError(f"linears must be one of {', '.join(LINEARS)}, not {linears!r}")
+    CPU), with ``linears="auto"`` or ``"onednn"``; ``"fp16"``: ``fp16_weight_linears`` for each
+    (the miniature's drafter too drafts faster so: one mode 10 ms against oneDNN's 14, eight 35
+    against 37); ``"torch"`` leaves them all as they are. Yields how many layers were changed. A
+    model given twice is changed once."""
+    if linears not in SPECULATION_LINEARS:
+        raise ValueError(f"linears must be one of {', '.join(SPECULATION_LINEARS)}, not {linears!r}")
     with contextlib.ExitStack() as stack:
         count = 0
-        if linears == "auto":
-            for model in models:
-                count += stack.enter_context(packed_linears(model, rows))
+        for model in models if linears != "torch" else ():
+            change = fp16_weight_linears(model) if linears == "fp16" else packed_linears(model, rows)
+            count += stack.enter_context(change)
         yield count

@@ -8,8 +8,13 @@ speculates in the dtype of its fastest plain decoding, timed on this machine (bf
 CPU, where its memory-bound decode step is the faster one), and ``drafter_dtype`` keeps the drafter
 in fp32 where bf16 is emulated.
 
+On a CPU without native bf16 the speculation commands multiply fp32 rows by fp16-rounded weights
+instead (``mfd_hub.packed_linear.speculation_linears``): bf16's memory traffic at fp32's cost per row.
+
 The guarantee per dtype (T = 0):
-- float32: token-identical to plain greedy decoding. No tolerance.
+- float32 (exact or fp16-rounded weights): token-identical to plain greedy decoding with the same
+  weights. No tolerance: fp32 sums in another order move a logit by about 1e-4
+  (``benchmarks/rounding_gap.py``), far below the gap between two tokens in practice.
 - bfloat16 / float16: a verify pass over N rows and a one-row decode step add the same numbers in
   a different order, so their logits differ by rounding. Output may leave plain decoding only where
   plain decoding itself stood at a near-tie: at the first divergent step, the gap between the

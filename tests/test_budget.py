@@ -114,7 +114,8 @@ def test_auto_refuses_other_words(pair):
 def test_the_round_costs_key_tells_packed_linear_layers_apart():
     """Costs measured with oneDNN's packed products are not reused for torch's (and back): the
     key names each model's kind of linear layers. packed_for_speculation packs a model given
-    twice once, leaves everything as it was on exit, and packs nothing with linears="torch"."""
+    twice once, leaves everything as it was on exit, and packs nothing with linears="torch"; fp16
+    weights are a kind of their own."""
     from mfd_hub.packed_linear import packed_for_speculation
     from mfd_hub.remote.budget_mfd import machine_key
 
@@ -124,7 +125,11 @@ def test_the_round_costs_key_tells_packed_linear_layers_apart():
     layers = sum(type(m) is torch.nn.Linear for model in (target, draft) for m in model.modules())
     with packed_for_speculation(target, draft, target) as packed:
         assert packed == layers > 0
-        assert machine_key(draft, target)[0] != plain_key
+        packed_key = machine_key(draft, target)[0]
+        assert packed_key != plain_key
+    assert machine_key(draft, target)[0] == plain_key
+    with packed_for_speculation(target, draft, linears="fp16") as changed:  # fp16 weights: costs of their own
+        assert changed == layers and machine_key(draft, target)[0] not in (plain_key, packed_key)
     assert machine_key(draft, target)[0] == plain_key
     with packed_for_speculation(target, draft, linears="torch") as packed:
         assert packed == 0 and machine_key(draft, target)[0] == plain_key

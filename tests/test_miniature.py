@@ -5,6 +5,7 @@ import json
 import pytest
 from conftest import NO_MFD_HUB, load_script, one_error_line, run_cli, run_cli_many, run_python
 from mfd_hub.bundle import bundle_sources
+from mfd_hub.packed_linear import speculation_linears
 from mfd_hub.zoo.bench import load_prompt_set
 from mfd_hub.zoo.ship import render_shipped_card
 from mfd_hub.zoo.shipped import (
@@ -289,6 +290,8 @@ def test_demo_runs_offline_and_every_method_matches_plain_decoding(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout)
     assert out["drafter"] == "MFD-SmolLM2-135M" and out["dtype"] == "float32"
+    # --linears auto: fp32 rows times fp16 weights where bf16 is emulated, plain float32 on the same target
+    assert out["linears"] == {"fp16": "fp16-weights", "onednn": "onednn"}[speculation_linears("auto")]
     methods = [r["method"] for r in out["runs"]]
     assert methods == ["plain float32", "plain bfloat16", "chain", "product", "mixture"]
     speculative = out["runs"][2:]

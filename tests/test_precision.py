@@ -148,3 +148,84 @@ def test_a_wrong_verifier_is_caught(bf16_pair, monkeypatch):
     check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16)
     assert not check["identical"] and not check["explained"], check
     assert check["gap"] > check["bound"]
+
+
+def test_fp16_weight_linears_multiply_by_the_weights_rounded_to_fp16_and_leave_the_model_as_it_was():
+    """Inside ``fp16_weight_linears`` every nn.Linear multiplies fp32 rows by its weight rounded to
+    fp16: the logits are those of the model with fp16-rounded weights (to fp32 summation order),
+    not the fp32 model's; gradients still flow through torch's product; outside it the model is
+    exactly as before. A bf16 model is left alone."""
+    import copy
+
+    from mfd_hub.packed_linear import fp16_weight_linears, fp16_weight_linears_available
+
+    target = tiny_target("qwen3", vocab_size=64, init_std=0.1)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    rounded = copy.deepcopy(target)
+    with torch.no_grad():
+        exact = target(ids).logits
+        for module in rounded.modules():
+            if type(module) is torch.nn.Linear:
+                module.weight.copy_(module.weight.half().float())
+        expected = rounded(ids).logits
+    before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
+    linears = sum(type(module) is torch.nn.Linear for module in target.modules())
+    assert fp16_weight_linears_available(target)
+    with fp16_weight_linears(target) as changed:
+        assert changed == linears > 0
+        with torch.no_grad():
+            got = target(ids).logits
+        target(ids).logits.sum().backward()  # gradients on: torch's fp32 product, which autograd knows
+        assert target.lm_head.weight.grad is not None
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert (got - exact).abs().max() > 10 * (got - expected).abs().max()  # the weights really were rounded
+    assert sum(type(module) is torch.nn.Linear for module in target.modules()) == linears
+    assert not any(hasattr(module, "fp16_weight") for module in target.modules())
+    assert all(torch.equal(before[name], tensor) for name, tensor in target.state_dict().items())
+    bf16 = tiny_target("qwen3").to(torch.bfloat16)
+    assert not fp16_weight_linears_available(bf16)
+    with fp16_weight_linears(bf16) as changed:
+        assert changed == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_speculation_with_fp16_weights_is_token_identical_to_plain_decoding_with_them(method):
+    """fp32 rows times fp16 weights (``--linears fp16``, the default on a CPU without native bf16):
+    every output equals plain greedy decoding of the same target with the same weights."""
+    from mfd_hub.packed_linear import packed_for_speculation
+
+    target = tiny_target("llama", vocab_size=16, init_std=0.2)
+    drafter = tiny_drafter(target, num_modes=4, block_size=8)
+    with packed_for_speculation(target, drafter, linears="fp16") as changed:
+        assert changed > 0
+        for seed in range(3):
+            ids = torch.randint(0, 16, (1, 6), generator=torch.Generator().manual_seed(seed))
+            plain = greedy_decode(target, ids, 40)
+            out = drafter.spec_generate(target, ids, max_new_tokens=40, method=method, tree_budget=16)
+            assert out.new_tokens == plain and out.rounds < 40  # some rounds accepted drafts
+
+
+def test_auto_linears_round_the_weights_to_fp16_only_where_bf16_is_emulated(monkeypatch):
+    """``--linears auto``: fp16 weights on a CPU without native bf16 (then ``--dtype auto`` is float32
+    without measuring anything), oneDNN's packed fp32 weights on one with it and on CUDA."""
+    from mfd_hub import precision
+    from mfd_hub.packed_linear import speculation_linears
+    from mfd_hub.zoo import bench
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert speculation_linears("auto") == ("fp16" if "fbgemm" in torch.backends.quantized.supported_engines
+                                           else "onednn")
+    assert speculation_linears("auto", "cuda") == "onednn"
+    assert [speculation_linears(name) for name in ("onednn", "fp16", "torch")] == ["onednn", "fp16", "torch"]
+    with pytest.raises(ValueError, match="linears"):
+        speculation_linears("fast")
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert speculation_linears("auto") == "onednn"
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("nothing is measured for fp16 weights")
+
+    monkeypatch.setattr(bench, "measured_dtype", no_timing)
+    target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
+    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, ids, (), linears="fp16")
+    assert set(targets) == {torch.float32, torch.bfloat16} and spec_dtype is draft_dtype is torch.float32

@@ -455,16 +455,20 @@ def remember_faster_dtype(target, rates, measured_by):
         "tokens_per_second": {dtype_name(d): r for d, r in rates.items()}})
 
 
-def speculation_dtypes(dtype, target32, input_ids, stop_ids):
+def speculation_dtypes(dtype, target32, input_ids, stop_ids, linears="onednn"):
     """(targets {dtype: target} for the plain baselines, the target's speculation dtype, the
-    drafter's) for ``--dtype`` ``dtype``: ``auto`` on a CPU measures (``measured_dtype``, then
-    ``precision.drafter_dtype``); elsewhere, or for a named dtype, both run in it."""
+    drafter's) for ``--dtype`` ``dtype`` and resolved ``linears``: ``auto`` on a CPU is float32
+    where the fp32 target multiplies with fp16 weights (its decode step is as fast as bf16's and
+    its verify far cheaper), else measured (``measured_dtype``, then ``precision.drafter_dtype``);
+    elsewhere, or for a named dtype, both run in it."""
     from mfd_hub.precision import drafter_dtype, resolve_dtype
 
     spec_dtype = resolve_dtype(dtype, target32.device)
     targets = target_in_each_dtype(target32, spec_dtype)
     if dtype != "auto":
         return targets, spec_dtype, spec_dtype
+    if target32.device.type == "cpu" and linears == "fp16":
+        return targets, torch.float32, torch.float32
     if target32.device.type == "cpu":
         spec_dtype, _ = measured_dtype(targets, input_ids, stop_ids)
     return targets, spec_dtype, drafter_dtype(spec_dtype, target32.device)
@@ -524,7 +528,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     from tqdm import tqdm
 
     from mfd_hub.checkpoint import load_draft
-    from mfd_hub.packed_linear import linears_label, packed_for_speculation
+    from mfd_hub.packed_linear import linears_label, packed_for_speculation, speculation_linears
     from mfd_hub.precision import dtype_name
     from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
@@ -543,7 +547,8 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
     if log and dtype == "auto":
         log("--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops)
+    linears = speculation_linears(linears, target.device)
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops, linears)
     drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
     settings = {"target": str(target_spec), "drafters": {label: weights_digest(d) for label, d in drafters.items()},
                 "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
@@ -568,7 +573,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
         "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed),
+        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed, linears),
     }
     files = write_outputs(rows, out_dir, meta)
     result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

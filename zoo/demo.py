@@ -31,7 +31,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     import torch
     from tqdm import tqdm
 
-    from mfd_hub.packed_linear import linears_label, packed_for_speculation
+    from mfd_hub.packed_linear import linears_label, packed_for_speculation, speculation_linears
     from mfd_hub.precision import classify_divergence, dtype_name, resolve_dtype
     from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
 
@@ -47,10 +47,12 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         bar.update(1)
     ids = encode_prompt(tokenizer, prompt)
     stops = stop_ids_of(tokenizer, target32)
+    linears = speculation_linears(linears, target32.device)
     if log and dtype == "auto":
-        log("--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
+        log("--dtype auto: float32 rows with fp16 weights (this CPU has no native bf16)" if linears == "fp16" else
+            "--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
     # plain decoding in fp32 and bf16 (the faster is the baseline); speculation's dtypes
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, ids, stops)
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, ids, stops, linears)
     draft = draft.to(draft_dtype)
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
     target = targets[spec_dtype]
@@ -65,7 +67,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in targets]  # fp32, bf16, then the spec dtype
     configs += [(method, spec(method)) for method in methods]
 
-    # fp32 on CPU: target (plain and speculating alike) and drafter multiply through oneDNN
+    # fp32 on CPU: target (plain and speculating alike) and drafter multiply through oneDNN or fp16 weights
     with packed_for_speculation(targets[torch.float32], draft, linears=linears) as packed:
         # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
         if log:
@@ -93,7 +95,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     rates = {name: len(tokens_of(name)) / median[name] for name, _ in configs}
     plain_names = [name for name, _ in configs if name.startswith("plain")]
     baseline = max(plain_names, key=lambda n: rates[n])
-    if dtype == "auto" and target32.device.type == "cpu" and repeats >= 3:
+    if dtype == "auto" and target32.device.type == "cpu" and repeats >= 3 and linears != "fp16":
         # at least measured_dtype's evidence (3 interleaved repeats): the better measurement wins
         remember_faster_dtype(target32, {dt: rates[f"plain {dtype_name(dt)}"] for dt in targets}, "demo")
     reference_tokens, reference_logits = last[f"plain {dtype_name(spec_dtype)}"]
@@ -120,7 +122,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
         "drafter_dtype": dtype_name(draft_dtype),
-        "linears": linears_label(packed),
+        "linears": linears_label(packed, linears),
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},

@@ -61,7 +61,9 @@ def demo(prompt, drafter, budget, dtype, linears, max_new_tokens, repeats, as_js
         click.echo(f"baseline: {base['method']} ({base['tokens_per_second']:.1f} tok/s, the faster plain decoding); "
                    f"speculation: target in {result['dtype']}, drafter in {result['drafter_dtype']}, budget "
                    f"{result['budget']}, {result['threads']} threads"
-                   + (", fp32 products through oneDNN (packed weights)" if result["linears"] == "onednn" else ""))
+                   + {"onednn": ", fp32 products through oneDNN (packed weights)",
+                      "fp16-weights": ", fp32 rows times the weights rounded to fp16 (FBGEMM), plain float32 too"}
+                   .get(result["linears"], ""))
         click.echo(f"{'method':<15} {'tokens':>6} {'rounds':>6} {'tau':>5} {'tok/s':>7} {'speedup':>8}  output")
         for row in result["runs"]:
             click.echo(

@@ -37,7 +37,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     import torch
 
     from ..checkpoint import load_draft
-    from ..packed_linear import linears_label, packed_for_speculation
+    from ..packed_linear import linears_label, packed_for_speculation, speculation_linears
     from ..precision import dtype_name, resolve_dtype
     from ..targets import encode_prompt, load_target, stop_ids_of
 
@@ -55,6 +55,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompt")
     ids = encode_prompt(tokenizer, prompt, chat=not no_chat_template)
     try:
+        linears = speculation_linears(linears, device)
         with packed_for_speculation(target, draft, linears=linears) as packed:
             out = draft.spec_generate(
                 target, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -66,7 +67,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
     stats = out.stats()
     stats["dtype"] = dtype_name(run_dtype)
-    stats["linears"] = linears_label(packed)
+    stats["linears"] = linears_label(packed, linears)
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return

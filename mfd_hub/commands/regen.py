@@ -45,7 +45,8 @@ from ._common import emit_json, examples, linears_option
               help="Dtype of the target on this machine (default auto: bfloat16 on CPUs with native bf16, AMX or "
                    "AVX512-BF16, and on CUDA; float32 elsewhere, where bf16 is emulated and slower).")
 @linears_option("Products of the continuous engine: auto multiplies an fp32 target on CPU through oneDNN with its "
-                "weights packed once (1.2x the tokens/s on 2 AVX2 cores); torch: torch's own linear layers.")
+                "weights packed once (1.2x the tokens/s on 2 AVX2 cores); torch: torch's own linear layers.",
+                choices=("auto", "torch"))
 @click.option("--endpoint", default=None, help="Base URL of the server for --engine openai (e.g. http://host:8000/v1).")
 @click.option("--served-model", default=None, help="Model name the server knows the target by (default: --target).")
 @click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
