@@ -45,18 +45,26 @@ def packed_linears(model, rows):
     a copy of its weight packed for about ``rows`` input rows; on exit the layers are as before
     and the copies freed. The weights must not change inside the block. A model that cannot take
     them (``packed_linears_available``) is left as it is. Yields the number of layers packed."""
-    layers = [module for module in model.modules() if type(module) is nn.Linear] \
-        if packed_linears_available(model) else []
+    with _swapped_linears(model, packed_linears_available(model), _PackedLinear, "packed_weight",
+                          lambda layer: torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(1, rows))) as count:
+        yield count
+
+
+@contextlib.contextmanager
+def _swapped_linears(model, available, layer_class, attribute, make):
+    """Every plain ``nn.Linear`` of ``model`` becomes ``layer_class`` with ``make(layer)`` as its
+    ``attribute`` (nothing when not ``available``); on exit, plain layers again. Yields the count."""
+    layers = [module for module in model.modules() if type(module) is nn.Linear] if available else []
     try:
         with torch.no_grad():
             for layer in layers:
-                layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(1, rows))
-                layer.__class__ = _PackedLinear
+                setattr(layer, attribute, make(layer))
+                layer.__class__ = layer_class
         yield len(layers)
     finally:
         for layer in layers:
             layer.__class__ = nn.Linear
-            layer.__dict__.pop("packed_weight", None)
+            layer.__dict__.pop(attribute, None)
 
 
 def fp16_weight_linears_available(model):
@@ -91,18 +99,9 @@ def fp16_weight_linears(model):
     against 18 / 33 / 38 in fp32 and 6.5 / 19 / 67 in emulated bf16. The model computes with
     fp16-rounded weights (10 fraction bits: finer than bf16's 7), so its outputs are those of that
     rounding; on exit the layers are as before. Yields the number of layers changed."""
-    layers = [module for module in model.modules() if type(module) is nn.Linear] \
-        if fp16_weight_linears_available(model) else []
-    try:
-        with torch.no_grad():
-            for layer in layers:
-                layer.fp16_weight = torch.ops.quantized.linear_prepack_fp16(layer.weight.detach(), layer.bias)
-                layer.__class__ = _Fp16WeightLinear
-        yield len(layers)
-    finally:
-        for layer in layers:
-            layer.__class__ = nn.Linear
-            layer.__dict__.pop("fp16_weight", None)
+    with _swapped_linears(model, fp16_weight_linears_available(model), _Fp16WeightLinear, "fp16_weight",
+                          lambda layer: torch.ops.quantized.linear_prepack_fp16(layer.weight.detach(), layer.bias)) as count:
+        yield count
 
 
 # Verify passes are trees of 1 to 65 nodes; measured (benchmarks/cost_curve.py, SmolLM2, 2 AVX2
