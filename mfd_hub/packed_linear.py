@@ -19,14 +19,20 @@ import torch.nn as nn
 def packed_linears_available(model):
     """Whether ``model`` can take packed linears: fp32 on CPU, and a torch with oneDNN's packed
     linear ops."""
-    try:
-        parameter = next(model.parameters())
-    except StopIteration:
-        return False
     ops = torch.ops.mkldnn
-    return (parameter.device.type == "cpu" and parameter.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
+    return (_fp32_on_cpu(model) and torch.backends.mkldnn.is_available()
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+def _fp32_on_cpu(model):
+    """Whether ``model``'s parameters are fp32 on CPU (judged by the first; False without any)."""
+    parameter = next(model.parameters(), None)
+    return parameter is not None and parameter.device.type == "cpu" and parameter.dtype == torch.float32
+
+
+def _fbgemm_fp16_available():
+    """Whether this torch has FBGEMM's fp16-weight products (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_prepack_fp16")
 
 
 class _PackedLinear(nn.Linear):
@@ -70,13 +76,7 @@ def _swapped_linears(model, available, layer_class, attribute, make):
 def fp16_weight_linears_available(model):
     """Whether ``model`` can take fp16-weight linears: fp32 on CPU, and a torch built with FBGEMM's
     fp16 products (``torch.ops.quantized.linear_dynamic_fp16``, x86)."""
-    try:
-        parameter = next(model.parameters())
-    except StopIteration:
-        return False
-    return (parameter.device.type == "cpu" and parameter.dtype == torch.float32
-            and "fbgemm" in torch.backends.quantized.supported_engines
-            and hasattr(torch.ops.quantized, "linear_prepack_fp16"))
+    return _fp32_on_cpu(model) and _fbgemm_fp16_available()
 
 
 class _Fp16WeightLinear(nn.Linear):
@@ -123,8 +123,7 @@ def speculation_linears(linears, device="cpu"):
         raise ValueError(f"linears must be one of {', '.join(SPECULATION_LINEARS)}, not {linears!r}")
     if linears != "auto":
         return linears
-    if torch.device(device).type == "cpu" and not cpu_has_native_bf16() \
-            and "fbgemm" in torch.backends.quantized.supported_engines:
+    if torch.device(device).type == "cpu" and not cpu_has_native_bf16() and _fbgemm_fp16_available():
         return "fp16"
     return "onednn"
 
