@@ -91,7 +91,7 @@ class TrainSection:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     seed: int = 0
-    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
+    precision: str = "auto"  # auto (bf16 autocast on GPU and on CPUs with native bf16, else fp32) | bf16 | fp32
     parallel: str = "fsdp"  # fsdp | ddp (with several ranks)
     head_chunk: int = 0  # LM-head rows per chunk; 0 = all at once (fast, more memory)
 

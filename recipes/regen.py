@@ -217,7 +217,8 @@ class RegenOutput:
     In a folder, records go to the hidden shard in progress ``.part-NNNNN.jsonl`` (appended and
     flushed as answers finish); when it holds ``shard_size`` records it is compressed to
     ``part-NNNNN.jsonl.gz`` (written beside under a temporary name, synced, renamed into place)
-    and removed, and the next number starts. Complete shards are never changed again. Opening
+    and removed, and the next number starts; when every prompt is answered the last one is
+    completed too, however short (``seal``). Complete shards are never changed again. Opening
     repairs what a crash can leave: a cut last line is dropped, a shard in progress whose complete
     shard exists is removed. ``done`` holds the ids already written; ``count`` how many records.
     """
@@ -298,6 +299,13 @@ class RegenOutput:
         self.index += 1
         self.partial = self.path / f".part-{self.index:05d}.jsonl"
         self.in_partial = 0
+
+    def seal(self):
+        """Make the shard in progress a complete shard, however short. Called once every prompt is
+        answered, so that a finished regeneration lies wholly in files that are safe to commit; a
+        later run with more prompts starts the next shard."""
+        if self.folder and self.in_partial:
+            self._complete_shard()
 
     def flush(self):
         if self._handle is not None:
@@ -697,6 +705,7 @@ def regenerate(
     out = RegenOutput(out_path, shard_size)
     todo = [(rid, text) for rid, text in prompts if rid not in out.done]
     if not todo:
+        out.seal()
         return 0
     if not hasattr(target, "stream"):
         target = local_engine(target, tokenizer, engine, batch_size, linears)
@@ -732,6 +741,7 @@ def regenerate(
                     written += added
                     if progress is not None:
                         progress(added)
+        out.seal()
     finally:
         out.close()
     return written

@@ -3,19 +3,27 @@ stage, resumable across sessions (hours of CPU: run it in the background and loo
 
     python scripts/retrain_miniature.py status                 # what is done, what runs next, CPU hours
     python scripts/retrain_miniature.py freeze                 # fix the training data: the answers so far
-    nohup python scripts/retrain_miniature.py run > runs/retrain/run.log 2>&1 &
+    nohup python scripts/retrain_miniature.py run > runs/retrain.log 2>&1 &
     python scripts/retrain_miniature.py run --only full-       # the stages whose name starts so
     python scripts/retrain_miniature.py commands               # the commands, without running them
 
 Every stage is an `mfd-hub` command (train, bench, evaluate). A finished stage leaves its output
 (`final/`, `results.json`, `evaluate.json`) and is skipped; a training stopped part way resumes
 from its newest checkpoint, a bench from its finished prompts. Each stage's wall and CPU time is
-appended to runs/retrain/ledger.jsonl. `freeze` records how many answers the regeneration has
-written (at least MIN_ANSWERS) in runs/retrain/data.json, and every stage trains on the first that
-many (`data.limit`), so a regeneration that goes on writing changes nothing already trained.
+appended to data/smollm2/retrain/ledger.jsonl. `freeze` records how many answers the regeneration
+has written (at least MIN_ANSWERS) in data/smollm2/retrain/data.json, and every stage trains on the
+first that many (`data.limit`), so a regeneration that goes on writing changes nothing already
+trained.
+
+A session's disk does not outlive it; git does. So the answers (data/smollm2/train, heldout) and
+every stage's output (the trained drafter in bf16, a bench's results and its finished prompts,
+the ledger) live in tracked folders and are committed as they finish; only the training
+checkpoints (data/smollm2/retrain/**/checkpoints, ignored) and the target's feature store
+(runs/features, rebuilt in minutes) stay on the session's disk.
 
 Choices, from measurements on the 2-core development machine (README, "Training"):
-- fp32: bf16 autocast is emulated on a CPU without native bf16, about 10x slower per step;
+- `train.precision=auto`: bf16 autocast on a CPU with native bf16 (AMX-BF16, AVX512-BF16), where a
+  step costs half to 0.4x an fp32 step; fp32 elsewhere, where bf16 is emulated and 10x slower;
 - stage 1 (DFlash from scratch) for at least 600 steps of 16 sequences, as the shipped base,
   and at least 3 epochs; the fine-tunes (D-PACE and MFD, same data and steps) for at least 225
   steps and 1 epoch, with half stage 1's anchors per sequence: the MFD step with K = 8 costs
@@ -39,9 +47,10 @@ import sys
 import time
 from pathlib import Path
 
-DATA = Path("runs/regen/smollm2-12k")
-HELDOUT = Path("runs/regen/smollm2-heldout")
-ROOT = Path("runs/retrain")
+DATA = Path("data/smollm2/train")
+HELDOUT = Path("data/smollm2/heldout")
+ROOT = Path("data/smollm2/retrain")
+FEATURES = Path("runs/features/smollm2")  # the target's tap features of DATA, shared by every stage
 MIN_ANSWERS = 10_000
 SIZES = {"full": None, "5k": 5000, "1k2": 1200}  # data.limit of each size
 BATCH = 16  # sequences per step, as the recipes say
@@ -71,7 +80,8 @@ def stages(full_size):
     for size, limit in SIZES.items():
         n = limit or full_size
         folder = ROOT / size
-        data = [f"data.train={DATA}", f"data.limit={n}", "train.precision=fp32", f"drafter.block_size={BLOCK}"]
+        data = [f"data.train={DATA}", f"data.limit={n}", f"data.features_dir={FEATURES}", "train.precision=auto",
+                f"drafter.block_size={BLOCK}"]
         finetune = [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", f"train.anchors_per_sequence={FINETUNE_ANCHORS}",
                     f"drafter.base={folder / 'smollm2-dflash' / 'final'}"]
         runs = {

@@ -166,6 +166,35 @@ def test_humaneval_is_not_in_the_training_prompts(prompt_set):
     assert not _humaneval_overlap([(t, None) for t in derive_training_prompts(1600)])
 
 
+def test_the_committed_answers_reply_to_the_fingerprinted_prompts_and_share_nothing_with_humaneval():
+    """data/smollm2 (the retraining's data, kept in git): every prompt of the fingerprinted set
+    answered once, in order, by SmolLM2 as the sidecar says, nothing of HumanEval in them, and the
+    held-out prompts apart from the training ones."""
+    import hashlib
+    from pathlib import Path
+
+    from mfd_hub.recipes.regen import json_lines
+
+    data = Path(__file__).resolve().parents[1] / "data" / "smollm2"
+    fingerprint = json.loads((data / "prompts.json").read_text())
+    splits = {}
+    for split, size, digest in (("train", "size", "sha256"), ("heldout", "heldout_size", "heldout_sha256")):
+        folder = data / split
+        assert not list(folder.glob(".part-*")), "a finished regeneration has no shard in progress"
+        records = [record for _, _, record in json_lines(folder)]
+        assert len(records) == fingerprint[size] and len({r["id"] for r in records}) == len(records)
+        texts = [r["prompt"] for r in records]
+        assert hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode()).hexdigest() == fingerprint[digest]
+        runs = json.loads((folder / "regen.json").read_text())["runs"]
+        assert all(run["target"] == "smollm2" and run["max_new_tokens"] == 192 and run["temperature"] == 0.7
+                   for run in runs)
+        assert all(0 < len(r["response_ids"]) <= 192 and r["finish_reason"] in ("stop", "length") for r in records)
+        splits[split] = records
+    assert fingerprint["size"] >= 10000
+    assert not {r["prompt"] for r in splits["train"]} & {r["prompt"] for r in splits["heldout"]}
+    assert not _humaneval_overlap([(r["prompt"], None) for records in splits.values() for r in records])
+
+
 @pytest.fixture(scope="module")
 def _derived_prompt_set():
     """The miniature's prompt set and the CPU seconds its derivation took: derived once per
@@ -319,7 +348,9 @@ def test_bench_writes_json_markdown_and_plots(tmp_path):
                          + [(d, "product", b) for d in ("MFD-SmolLM2-135M", "DPACE-SmolLM2-135M") for b in (4, 8)]
                          + [("MFD-SmolLM2-135M", "mixture", b) for b in (4, 8)])
     for r in rows:
-        assert r["mismatches"] == 0 and r["tau"] >= 1 and r["speedup"] > 0
+        # lossless: identical in fp32; in bf16 (auto on a CPU with native bf16) only at near-ties
+        assert r["unexplained"] == 0 and (r["mismatches"] == 0 or r["dtype"] != "float32"), r
+        assert r["tau"] >= 1 and r["speedup"] > 0
         if r["method"] != "chain":
             assert 0 <= r["chimera_share"] <= 1
             assert r["mass_per_depth"] and all(0 <= m <= r["budget"] for m in r["mass_per_depth"].values())

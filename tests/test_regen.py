@@ -313,11 +313,12 @@ def test_folder_output_resumes_after_interruptions_without_duplicates_or_losses(
     written = regenerate(target, tokenizer, prompts, out, **kwargs)
     assert written == len(prompts) - second
     assert shard.read_bytes() == shard_bytes  # complete shards are never rewritten
+    # every prompt answered: the remainder is sealed as a short complete shard, nothing is hidden
     names = sorted(p.name for p in out.iterdir())
-    assert names == [".part-00003.jsonl", "part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz",
+    assert names == ["part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz", "part-00003.jsonl.gz",
                      "regen.json"]
-    for number in range(3):
-        assert len(gzip.decompress((out / f"part-{number:05d}.jsonl.gz").read_bytes()).splitlines()) == 3
+    sizes = [len(gzip.decompress((out / f"part-{number:05d}.jsonl.gz").read_bytes()).splitlines()) for number in range(4)]
+    assert sizes == [3, 3, 3, len(prompts) - 9]
     assert _records(out) == reference  # every prompt once, in prompt order, the same answers
     assert regenerate(target, tokenizer, prompts, out, **kwargs) == 0
     # gzip shards are byte-for-byte reproducible (no time stamp, no file name inside)
@@ -387,9 +388,9 @@ def test_regen_command_writes_shards_and_refuses_bad_outputs(setup, tmp_path, ca
     summary = json.loads(capsys.readouterr().out)
     assert summary["layout"] == "folder" and summary["engine"] == "continuous" and summary["dtype"] == "float32"
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [
-        ".part-00002.jsonl", "part-00000.jsonl.gz", "part-00001.jsonl.gz", "regen.json"]
+        "part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz", "regen.json"]
     assert _records(tmp_path / "data") == local
-    main(base + ["--out", str(tmp_path / "old.jsonl"), "--engine", "generate", "--batch-size", "2"])
+    main(base + ["--out", str(tmp_path / "old.jsonl"), "--engine", "generate", "--batch-size", "2", "--dtype", "float32"])
     assert [json.loads(line) for line in (tmp_path / "old.jsonl").read_text().splitlines()] == local
     assert json.loads((tmp_path / "old.jsonl.regen.json").read_text())["runs"][0]["engine"] == "generate"
     for args, message in ((["--out", str(tmp_path / "x.jsonl.gz")], "gzip"),

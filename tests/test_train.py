@@ -548,7 +548,8 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         assert argv[0] == "mfd-hub"
         if argv[1] == "train":
             recipe = load_recipe(argv[2], argv[3:])
-            assert recipe.train.precision == "fp32" and str(marker).startswith(recipe.output.dir)
+            assert recipe.train.precision == "auto" and str(marker).startswith(recipe.output.dir)
+            assert recipe.data.features_dir == str(plan_module.FEATURES)
             recipes[name] = recipe
         else:
             command = cli.get_command(None, argv[1])
@@ -562,3 +563,14 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         assert dpace.drafter.base == mfd.drafter.base == str(Path(dflash.output.dir) / "final")
         assert mfd.drafter.num_modes == 8 and dpace.drafter.num_modes == 0
         assert dflash.drafter.block_size == dpace.drafter.block_size == mfd.drafter.block_size == plan_module.BLOCK
+    # what a stage finishes is kept by git (a session's disk does not outlive it), its checkpoints
+    # and the feature store are not
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        run = Path(recipes["full-dflash"].output.dir)
+        paths = [run / "final" / "model.safetensors", run / "checkpoints" / "step-50" / "state.pt",
+                 plan_module.FEATURES / "meta.json", plan_module.DATA / "part-00000.jsonl.gz",
+                 plan_module.ROOT / "full" / "bench-humaneval-20" / "progress.jsonl"]
+        probe = subprocess.run(["git", "check-ignore", "--no-index", *map(str, paths)], cwd=repo,
+                               capture_output=True, text=True)
+        assert probe.stdout.split() == [str(paths[1]), str(paths[2])]
