@@ -1,0 +1,337 @@
+# mfd-hub remote code 0.1.0, generated from mfd_hub/remote/budget_mfd.py; edit the source, not this copy.
+"""Hardware-aware tree budgets: ``spec_generate(..., tree_budget="auto")``.
+
+A round's worth is (expected tokens it emits) / (seconds it costs). Both halves are estimated:
+
+- Cost, measured once per machine (Sequoia's idea): the target's verify time against the number
+  of tree nodes and the drafter's time per mode count, on this target, device, dtype and thread
+  count, at the prompt's context length. The measurement runs on a verifier of its own (the
+  generation's cache is never touched) and is cached as JSON in the user's mfd-hub cache
+  (``$MFD_HUB_CACHE``, else ``$XDG_CACHE_HOME/mfd-hub``, else ``~/.cache/mfd-hub``), so it is
+  paid once.
+- Acceptance, estimated every round from the drafter's own prefix scores (EAGLE-2's idea) and
+  calibrated online: under tree verification the expected number of accepted draft tokens is the
+  sum, over the tree's nodes, of the probability that the target accepts the node. A node's
+  probability is read off a table indexed by the node's draft log-probability (its prefix
+  score), which starts at the drafter's own claim (exp(score)) and learns from every verified
+  round what fraction of such nodes the target really accepted.
+
+The budgets are nested (the best B prefixes of the best B' > B), so one tree built at the largest
+candidate budget prices every smaller one. Each round takes the budget with the highest
+expected tokens per second; it also tracks, for the mixture, whether drafting all K modes beats
+drafting the gate's one mode at its own best budget, and whether speculating beats a plain
+target step; a choice that loses is dropped for a few rounds and probed again afterwards.
+
+None of this changes what is emitted: every budget, mode set or plain step is verified by the
+target as usual, so output stays the target's own (lossless).
+
+This file is part of the remote-code bundle: torch only.
+"""
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+# Tree budgets the chooser prices (nodes below the root); the largest one fixes the tree it builds.
+CANDIDATE_BUDGETS = (1, 2, 4, 8, 16, 32, 64)
+# Node counts (root included) at which verify time is measured; others are interpolated.
+MEASURED_NODES = (1, 2, 3, 5, 9, 17, 33, 65)
+COSTS_FORMAT = 2  # 2: measured round-robin (1 was sequential, easily skewed by load)
+ENV_CACHE = "MFD_HUB_CACHE"
+
+
+def cache_root():
+    """The user's mfd-hub cache folder (not created)."""
+    root = os.environ.get(ENV_CACHE)
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "mfd-hub")
+
+
+# -- cost ----------------------------------------------------------------------------------------
+class RoundCosts:
+    """Measured seconds: ``verify[n]`` for a target pass over n nodes (root included) and
+    ``draft[m]`` for a drafter pass over m modes (LM head and candidates included)."""
+
+    def __init__(self, verify, draft, key=None):
+        # a pass over more nodes never costs less: noise in a measurement is not allowed to say so
+        self.verify_s, most = {}, 0.0
+        for n, s in sorted((int(n), float(s)) for n, s in verify.items()):
+            most = max(most, s)
+            self.verify_s[n] = most
+        self.draft_s = {int(m): float(s) for m, s in draft.items()}
+        self.key = key
+
+    def verify(self, nodes):
+        """Piecewise-linear in the node count; linear beyond the last measured point."""
+        points = sorted(self.verify_s.items())
+        if nodes <= points[0][0]:
+            return points[0][1]
+        for (n0, s0), (n1, s1) in zip(points, points[1:]):
+            if nodes <= n1:
+                return s0 + (s1 - s0) * (nodes - n0) / (n1 - n0)
+        (n0, s0), (n1, s1) = points[-2], points[-1]
+        return s1 + (s1 - s0) * (nodes - n1) / (n1 - n0)
+
+    def draft(self, modes):
+        if modes in self.draft_s:
+            return self.draft_s[modes]
+        known = sorted(self.draft_s.items())  # interpolate between 1 and K modes
+        (m0, s0), (m1, s1) = known[0], known[-1]
+        return s0 if m1 == m0 else s0 + (s1 - s0) * (modes - m0) / (m1 - m0)
+
+    def to_dict(self):
+        return {"format": COSTS_FORMAT, "key": self.key, "verify_seconds": self.verify_s, "draft_seconds": self.draft_s}
+
+
+def device_name(device):
+    """What the device is: the GPU's name, else the CPU's model name (not only its architecture,
+    which two very different CPUs share)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = os.uname().machine if hasattr(os, "uname") else ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return name
+
+
+def target_shape(target):
+    """The target's identity as a cost depends on it: family, name, width, depth, vocabulary, dtype."""
+    cfg = target.config
+    return [getattr(cfg, "model_type", None), getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None),
+            getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None),
+            str(target.dtype)]
+
+
+def linear_kinds(model):
+    """The classes of a model's linear layers: a layer swapped for a faster product (oneDNN with
+    packed weights, a quantised one) changes the costs."""
+    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)})
+
+
+def machine_key(draft, target):
+    """What the costs depend on: the target's shape, the drafter's, device, dtype, threads and the
+    kind of linear layers each multiplies with."""
+    device = target.device
+    parts = {
+        "target": target_shape(target),
+        "drafter": [draft.config.hidden_size, draft.config.num_hidden_layers, draft.config.num_modes,
+                    draft.config.draft_vocab_size or draft.config.vocab_size, str(draft.dtype)],
+        "linears": [linear_kinds(target), linear_kinds(draft)],
+        "device": [device.type, device_name(device)],
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20], parts
+
+
+def round_robin_seconds(fns, repeats, device):
+    """Median seconds of each of ``fns``, measured round-robin: one call of each per round, after
+    two warm-up rounds, so that load drifting while they are measured hits all of them alike
+    (their ratios, which decide the budget, stay right on a busy machine)."""
+    samples = [[] for _ in fns]
+    for round_ in range(repeats + 2):
+        for fn, mine in zip(fns, samples):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            began = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if round_ >= 2:
+                mine.append(time.perf_counter() - began)
+    return [sorted(mine)[len(mine) // 2] for mine in samples]
+
+
+def probe_tree(nodes, depth_limit, device):
+    """Parents and depths of a tree of ``nodes`` nodes (root first) whose paths hang from the root
+    in chains no deeper than ``depth_limit``: the shape of a real tree, for timing only."""
+    parents, depths = [-1], [0]
+    for i in range(1, nodes):
+        parent = i - 1 if depths[i - 1] < depth_limit and i > 1 else 0
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return torch.tensor(parents, device=device), torch.tensor(depths, device=device)
+
+
+@torch.inference_mode()
+def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeats=5):
+    """Time verify over MEASURED_NODES and the drafter over 1 and K modes -> RoundCosts.
+
+    Runs on a verifier and a drafter context of its own, at ``input_ids``' context length."""
+    from .context_mfd import DraftContextCache
+
+    device = target.device
+    verifier = make_verifier(target, draft.target_layer_ids)
+    _, taps = verifier.prefill(input_ids)
+    anchor = int(input_ids[0, -1])
+    block = draft.config.block_size
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+
+    def verify_pass(nodes):
+        parents, depths = probe_tree(nodes, block - 1, device)
+        tokens = torch.full((nodes,), anchor, dtype=torch.long, device=device)
+        mask = ancestor_mask(parents, int(depths.max()))
+
+        def one_pass():
+            verifier.verify(tokens, depths, mask)
+            verifier.commit(empty)  # roll back: keep only the committed prefix
+
+        return one_pass
+
+    cache = DraftContextCache()
+    draft.extend_context(cache, taps[None], torch.arange(input_ids.shape[1], device=device))
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids = torch.full((1, 1, block), draft.mask_token_id, device=device)
+    ids[..., 0] = anchor
+    embeds = draft.embed_block(ids, embed)
+    position = torch.full((1, 1), input_ids.shape[1], device=device)
+    mode_sets = {1: None if draft.config.num_modes == 0 else [0]}
+    if draft.config.num_modes > 1:
+        mode_sets[draft.config.num_modes] = "all"
+    fns = [verify_pass(n) for n in MEASURED_NODES]
+    fns += [lambda modes=modes: draft(embeds, position, cache=cache, modes=modes, lm_head=lm_head)
+            for modes in mode_sets.values()]
+    seconds = round_robin_seconds(fns, repeats, device)
+    verify = dict(zip(MEASURED_NODES, seconds))
+    draft_s = dict(zip(mode_sets, seconds[len(MEASURED_NODES):]))
+    return RoundCosts(verify, draft_s)
+
+
+def round_costs(draft, target, input_ids, make_verifier, ancestor_mask, refresh=False):
+    """The cached RoundCosts for this machine, measured (and cached) when absent."""
+    key, parts = machine_key(draft, target)
+    path = cache_root() / "costs" / f"{key}.json"
+    if not refresh and path.is_file():
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            if raw.get("format") == COSTS_FORMAT:
+                return RoundCosts(raw["verify_seconds"], raw["draft_seconds"], key=key)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged entry is measured again
+    costs = measure_costs(draft, target, input_ids, make_verifier, ancestor_mask)
+    costs.key = key
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**costs.to_dict(), "machine": parts, "context": int(input_ids.shape[1])},
+                                  indent=1), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError:
+        pass  # an unwritable cache only costs a measurement next time
+    return costs
+
+
+# -- acceptance ----------------------------------------------------------------------------------
+class AcceptanceTable:
+    """P(the target accepts a node) as a function of the node's draft log-probability (nats).
+
+    Bins of ``width`` nats from 0 down to ``floor``; each starts at exp(bin centre) with the weight
+    of ``prior`` observations (the drafter's own claim) and is updated by verified rounds."""
+
+    def __init__(self, width=0.25, floor=-12.0, prior=2.0):
+        self.width, self.floor = width, floor
+        self.bins = int(math.ceil(-floor / width)) + 1
+        centres = [-(i + 0.5) * width for i in range(self.bins)]
+        self.accepted = [prior * math.exp(c) for c in centres]
+        self.seen = [prior] * self.bins
+
+    def _bin(self, logprob):
+        return min(self.bins - 1, max(0, int(-logprob / self.width)))
+
+    def probability(self, logprob):
+        i = self._bin(logprob)
+        return self.accepted[i] / self.seen[i]
+
+    def expected_accepted(self, logprobs):
+        """Running sum over nodes sorted best first: entry b = expected accepted nodes of a tree
+        holding the b best (entry 0 = 0)."""
+        out, total = [0.0], 0.0
+        for lp in logprobs:
+            total += self.probability(lp)
+            out.append(total)
+        return out
+
+    def observe(self, logprobs, accepted_flags):
+        for lp, hit in zip(logprobs, accepted_flags):
+            i = self._bin(lp)
+            self.seen[i] += 1.0
+            self.accepted[i] += 1.0 if hit else 0.0
+
+
+class BudgetChooser:
+    """Per-round decisions for ``tree_budget="auto"``; see the module docstring."""
+
+    PROBE_EVERY = 8  # rounds a losing option sits out before it is tried again
+    SMOOTHING = 0.3  # weight of the newest round in the running rates
+
+    def __init__(self, costs, method, num_modes, max_budget=None):
+        self.costs, self.method, self.num_modes = costs, method, num_modes
+        top = max(CANDIDATE_BUDGETS) if max_budget is None else max_budget
+        self.budgets = [b for b in CANDIDATE_BUDGETS if b <= top] or [1]
+        self.table = AcceptanceTable()
+        self.rate = {}  # option -> running expected tokens per second
+        self.benched = {}  # option -> rounds left out
+        self.plain_rate = 1.0 / costs.verify(1)
+
+    @property
+    def max_budget(self):
+        return self.budgets[-1]
+
+    def _sits_out(self, option):
+        left = self.benched.get(option, 0)
+        if left > 0:
+            self.benched[option] = left - 1
+            return True
+        return False
+
+    def speculate(self):
+        """False: this round is a plain target step (speculation has been losing)."""
+        return not self._sits_out("speculate")
+
+    def all_modes(self):
+        """For the mixture: draft all K modes this round (else the gate's one mode)."""
+        if self.method != "mixture" or self.num_modes <= 1:
+            return self.method == "mixture"
+        return not self._sits_out("all")
+
+    def best(self, logprobs, modes):
+        """The budget with the highest expected tokens/s for a tree whose node log-probabilities,
+        best first, are ``logprobs`` -> (budget, expected tokens per round, tokens per second)."""
+        expected = self.table.expected_accepted(logprobs)
+        draft_s = self.costs.draft(modes)
+        best = None
+        for budget in self.budgets:
+            nodes = min(budget, len(logprobs))
+            tokens = 1.0 + expected[nodes]  # accepted nodes + the target's bonus token
+            rate = tokens / (draft_s + self.costs.verify(nodes + 1))
+            if best is None or rate > best[2] * (1 + 1e-9):
+                best = (budget, tokens, rate)
+            if nodes == len(logprobs):  # a larger budget holds no more nodes
+                break
+        return best
+
+    def record(self, option, rate):
+        old = self.rate.get(option)
+        self.rate[option] = rate if old is None else (1 - self.SMOOTHING) * old + self.SMOOTHING * rate
+
+    def settle(self):
+        """After a round's estimates: bench the options that are losing."""
+        spec = max((r for o, r in self.rate.items() if o in ("all", "one")), default=None)
+        if spec is not None and spec < self.plain_rate and self.benched.get("speculate", 0) == 0:
+            self.benched["speculate"] = self.PROBE_EVERY
+        if "all" in self.rate and "one" in self.rate and self.rate["one"] > self.rate["all"] \
+                and self.benched.get("all", 0) == 0:
+            self.benched["all"] = self.PROBE_EVERY
+
+    def observe(self, logprobs, accepted_flags):
+        self.table.observe(logprobs, accepted_flags)
