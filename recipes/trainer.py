@@ -318,7 +318,8 @@ def prepare_features(recipe, sequences, tap_layers, dist, log):
     from mfd_hub.targets import load_target
 
     dtype = DTYPES[recipe.data.features_dtype]
-    target_dtype = torch.bfloat16 if bf16_is_fast(dist.device) else torch.float32  # its features are stored rounded anyway
+    # bf16 features are rounded anyway, so the target may run in bf16 where that is fast; fp32 ones need an fp32 target
+    target_dtype = torch.bfloat16 if dtype == torch.bfloat16 and bf16_is_fast(dist.device) else torch.float32
 
     def load():
         log(f"loading target {recipe.target}")
