@@ -334,10 +334,11 @@ def sample_next(logits, temperature, top_p, top_k, generator=None):
     much as the forward pass on CPU."""
     if temperature <= 0:
         return logits.argmax(-1)
-    scores = logits.float() / temperature
-    k = top_k if 0 < top_k < scores.shape[-1] else scores.shape[-1]
-    values, candidates = scores.topk(k, dim=-1)  # most probable first
-    probs = values.softmax(-1)
+    k = top_k if 0 < top_k < logits.shape[-1] else logits.shape[-1]
+    # a positive temperature keeps the order, so only the top-k logits are scaled (at 128 rows, scaling
+    # the whole vocabulary cost 6% of a bf16 SmolLM2 step)
+    values, candidates = logits.topk(k, dim=-1)  # most probable first
+    probs = (values.float() / temperature).softmax(-1)
     if top_p < 1.0:
         before = probs.cumsum(-1) - probs  # the mass of the more probable candidates
         probs = probs.masked_fill(before >= top_p, 0.0)  # the most probable one always stays

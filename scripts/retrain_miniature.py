@@ -57,6 +57,7 @@ BATCH = 16  # sequences per step, as the recipes say
 STAGE1_STEPS, FINETUNE_STEPS = 600, 225
 BLOCK = 8  # anchor + drafted positions of every retrained drafter
 STAGE1_ANCHORS, FINETUNE_ANCHORS = 32, 16  # anchors per sequence: positions x anchors sets a step's cost
+SAVE_EVERY = 50  # steps between a training's checkpoints: a run stopped part way loses at most this many
 
 
 def answers_available():
@@ -81,7 +82,7 @@ def stages(full_size):
         n = limit or full_size
         folder = ROOT / size
         data = [f"data.train={DATA}", f"data.limit={n}", f"data.features_dir={FEATURES}", "train.precision=auto",
-                f"drafter.block_size={BLOCK}"]
+                f"drafter.block_size={BLOCK}", f"output.save_every={SAVE_EVERY}"]
         finetune = [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", f"train.anchors_per_sequence={FINETUNE_ANCHORS}",
                     f"drafter.base={folder / 'smollm2-dflash' / 'final'}"]
         runs = {
