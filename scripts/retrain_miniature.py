@@ -17,7 +17,8 @@ trained.
 
 A session's disk does not outlive it; git does. So the answers (data/smollm2/train, heldout) and
 every stage's output (the trained drafter in bf16, a bench's results and its finished prompts,
-the ledger) live in tracked folders and are committed as they finish; only the training
+the ledger) live in tracked folders and are committed as they finish (a drafter's remote-code bundle
+is written back by every action of this script, as generated code stays out of git); only the training
 checkpoints (data/smollm2/retrain/**/checkpoints, ignored) and the target's feature store
 (runs/features, rebuilt in minutes) stay on the session's disk.
 
@@ -114,6 +115,16 @@ def stages(full_size):
     return first + [stage for stage in plan if stage not in first]
 
 
+def restore_bundles():
+    """Write the remote-code bundle into every finished drafter folder that lacks it (git keeps a
+    stage's weights and config; the bundle is generated, mfd_hub.bundle)."""
+    from mfd_hub.bundle import write_bundle
+
+    for config in ROOT.glob("*/*/final/config.json"):
+        if not (config.parent / "modeling_mfd.py").exists():
+            write_bundle(config.parent)
+
+
 def run_stage(name, argv, marker):
     """Run one stage to its end (resuming a training that has checkpoints) and log its cost."""
     if argv[1] == "train" and (Path(argv[-1].split("=", 1)[1]) / "checkpoints").exists():
@@ -165,6 +176,7 @@ def main(argv):
         print(f"training data: the first {available} answers of {DATA}")
         return 0
     plan = [stage for stage in stages(frozen or MIN_ANSWERS) if stage[0].startswith(args.only)]
+    restore_bundles()
     if args.action == "commands":
         for name, command, _ in plan:
             print(f"{name}: {' '.join(command)}")

@@ -1,6 +1,7 @@
 """The layout itself: no import circle between modules, the remote code in one place."""
 
 import ast
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,11 +88,17 @@ def test_the_circle_check_finds_a_circle():
 
 def test_the_remote_code_has_one_home():
     """Only mfd_hub/remote and kernels hold the remote code; no folder in the repository carries
-    a generated copy of it (a file with the bundle's provenance header)."""
+    a generated copy of it (a file with the bundle's provenance header). Ignored folders may: a
+    retrained drafter's bundle is written back there (scripts/retrain_miniature.py)."""
     from mfd_hub.bundle import HEADER_PREFIX
 
-    copies = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts and ".git" not in p.parts
-              and p.read_text(encoding="utf-8", errors="replace").startswith(HEADER_PREFIX)]
+    if (REPO / ".git").exists():  # what git tracks, or would add
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.split()
+        files = [REPO / name for name in listed if (REPO / name).exists()]
+    else:
+        files = [p for p in REPO.rglob("*.py") if ".venv" not in p.parts]
+    copies = [p for p in files if p.read_text(encoding="utf-8", errors="replace").startswith(HEADER_PREFIX)]
     assert not copies, copies
     assert not list((REPO / "zoo").rglob("*/*.py")), "a shipped drafter folder holds code"
 

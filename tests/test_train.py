@@ -570,7 +570,26 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         run = Path(recipes["full-dflash"].output.dir)
         paths = [run / "final" / "model.safetensors", run / "checkpoints" / "step-50" / "state.pt",
                  plan_module.FEATURES / "meta.json", plan_module.DATA / "part-00000.jsonl.gz",
-                 plan_module.ROOT / "full" / "bench-humaneval-20" / "progress.jsonl"]
+                 plan_module.ROOT / "full" / "bench-humaneval-20" / "progress.jsonl", run / "final" / "modeling_mfd.py"]
         probe = subprocess.run(["git", "check-ignore", "--no-index", *map(str, paths)], cwd=repo,
                                capture_output=True, text=True)
-        assert probe.stdout.split() == [str(paths[1]), str(paths[2])]
+        assert probe.stdout.split() == [str(paths[1]), str(paths[2]), str(paths[5])]
+
+
+def test_the_retraining_writes_the_remote_code_back_into_finished_drafters(tmp_path, monkeypatch):
+    """git keeps a finished stage's weights and config, not its generated remote code: every action
+    of scripts/retrain_miniature.py writes the bundle back where it is missing, as it is generated."""
+    from mfd_hub.bundle import bundle_sources
+
+    plan_module = load_script("scripts/retrain_miniature.py")
+    final = tmp_path / "full" / "smollm2-mfd" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    unfinished = tmp_path / "5k" / "smollm2-mfd" / "final"
+    unfinished.mkdir(parents=True)
+    monkeypatch.setattr(plan_module, "ROOT", tmp_path)
+    plan_module.restore_bundles()
+    sources = bundle_sources()
+    assert sorted(p.name for p in final.glob("*.py")) == sorted(sources)
+    assert (final / "modeling_mfd.py").read_text() == sources["modeling_mfd.py"]
+    assert not list(unfinished.iterdir())
