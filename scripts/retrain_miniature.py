@@ -58,6 +58,10 @@ BATCH = 16  # sequences per step, as the recipes say
 STAGE1_STEPS, FINETUNE_STEPS = 600, 225
 BLOCK = 8  # anchor + drafted positions of every retrained drafter
 STAGE1_ANCHORS, FINETUNE_ANCHORS = 32, 16  # anchors per sequence: positions x anchors sets a step's cost
+# the benches' products: fp32 through oneDNN on every machine (what "auto" picks where bf16 is
+# native), so a bench resumed in a later session on another CPU keeps its settings, and tau and
+# the fp32 identity check mean the same at every size
+PINNED = ("--linears", "onednn")
 SAVE_EVERY = 50  # steps between a training's checkpoints: a run stopped part way loses at most this many
 
 
@@ -98,7 +102,7 @@ def stages(full_size):
         drafters = ["--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter", str(folder / "smollm2-mfd" / "final")]
         bench20 = folder / "bench-humaneval-20"
         plan.append((f"{size}-bench20", ["mfd-hub", "bench", *drafters, "--limit", "20", "--budgets", "16,32,64",
-                                         "--dtype", "float32", "--out", str(bench20), "--resume"], bench20 / "results.json"))
+                                         "--dtype", "float32", *PINNED, "--out", str(bench20), "--resume"], bench20 / "results.json"))
         if size == "full":
             evaluation = folder / "evaluate.json"
             plan.append(("full-evaluate", ["mfd-hub", "evaluate", str(folder / "smollm2-mfd" / "final"), "--data",
@@ -109,7 +113,7 @@ def stages(full_size):
         plan.append((f"full-bench164-T{temperature}", [
             "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
             str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
-            "--dtype", "float32", "--out", str(out), "--resume"], out / "results.json"))
+            "--dtype", "float32", *PINNED, "--out", str(out), "--resume"], out / "results.json"))
     # the drafters to ship and their T = 0 verdict first, then the smaller sizes of the scaling plot
     first = [stage for stage in plan if stage[0].startswith("full-") and stage[0] != "full-bench164-T0.7"]
     return first + [stage for stage in plan if stage not in first]

@@ -535,7 +535,8 @@ def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
 def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_compute():
     """scripts/retrain_miniature.py: every train stage is a valid packaged recipe with its
     overrides, D-PACE and MFD get the same data, steps and anchors at every data size, all three the same block, stage 1 runs
-    at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands."""
+    at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands (the
+    benches with their products pinned)."""
     plan_module = load_script("scripts/retrain_miniature.py")
     plan = plan_module.stages(10_400)
     recipes, trained = {}, set()
@@ -554,6 +555,8 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         else:
             command = cli.get_command(None, argv[1])
             command.make_context(argv[1], list(argv[2:]))  # raises on a bad option
+            if argv[1] == "bench":  # pinned, so a bench resumed on another CPU keeps its settings
+                assert argv[argv.index("--linears") + 1] == "onednn"
     for size in plan_module.SIZES:
         dflash, dpace, mfd = (recipes[f"{size}-{kind}"] for kind in ("dflash", "dpace", "mfd"))
         count = dflash.data.limit
