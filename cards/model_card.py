@@ -177,7 +177,11 @@ def render_miniature_card(folder, summary, bench=None, verify_report=None):
     training = [*meta.get("earlier_training", []), *([meta["training"]] if "training" in meta else [])]
     kind = _KINDS.get(training[-1]["loss"], "DFlash") if training else "DFlash"
     rows = [r for r in (bench or {}).get("rows", []) if r["drafter"] == folder.name and r["temperature"] == 0]
-    rows.sort(key=lambda r: (["chain", "product", "mixture"].index(r["method"]), r["budget"]))
+    # fixed budgets in order, then "auto"
+    rows.sort(key=lambda r: (["chain", "product", "mixture"].index(r["method"]), r["budget"] == "auto",
+                             0 if r["budget"] == "auto" else r["budget"]))
+    baseline = ({"dtype": rows[0]["baseline_dtype"], "tokens_per_second": rows[0]["plain_tokens_per_second"]}
+                if rows and "baseline_dtype" in rows[0] else None)
     bench_meta = dict((bench or {}).get("meta", {}))
     bench_meta["temperature"] = 0
     checks = (verify_report or {}).get("checks", [])
@@ -194,6 +198,6 @@ def render_miniature_card(folder, summary, bench=None, verify_report=None):
                              keep_trailing_newline=True)
     return env.from_string(source).render(
         name=folder.name, kind=kind, summary=summary, arch=architecture(None, folder), training=training,
-        results=rows, bench=bench_meta, verify=verify, metadata=metadata.to_yaml(), version=__version__,
+        results=rows, baseline=baseline, bench=bench_meta, verify=verify, metadata=metadata.to_yaml(), version=__version__,
         paper=load_registry().paper,
     )

@@ -263,7 +263,7 @@ CANNOT_RUN_HERE = {
     "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B": (
         "a Hub upload", "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B --dry-run"),
     **{f"mfd-hub train {recipe}": (
-        "needs the miniature's 1,200 regenerated answers (not shipped) and 5-15 minutes of CPU per stage",
+        "hours of CPU: the target's tap features of the 12,000 committed answers, then 750 to 2,250 steps",
         f"mfd-hub train {recipe} --check") for recipe in ("smollm2-dflash", "smollm2-dpace", "smollm2-mfd")},
 }
 # The registry cards' generate lines: the published drafters and their targets (GPU-sized, on
