@@ -205,9 +205,9 @@ SHRUNK = {
     "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --max-new-tokens 256": (
         "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --max-new-tokens 256 "
         "--limit 1 --max-new-tokens 8", "256 sampled tokens per prompt"),
-    "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --limit 1200 --max-new-tokens 192": (
-        "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out responses.jsonl --limit 1200 --max-new-tokens 192 "
-        "--limit 1 --max-new-tokens 8", "1,200 prompts (the miniature's data: hours on a CPU)"),
+    "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2/train --max-new-tokens 192": (
+        "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2/train --max-new-tokens 192 "
+        "--limit 1 --max-new-tokens 8", "12,000 prompts (the miniature's data: hours on a CPU)"),
     "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2-regen --max-new-tokens 256": (
         "mfd-hub regen --target smollm2 --prompts prompts.jsonl --out data/smollm2-regen --max-new-tokens 256 "
         "--limit 1 --max-new-tokens 8", "256 sampled tokens per prompt"),
@@ -309,7 +309,8 @@ PARSE_ONLY = {
         "all 164 prompts, hours here (resuming: tests/test_miniature.py)", _BENCH),
     "mfd-hub bench --limit 20 --budgets 4,8,16,32,64,auto --methods product --dtype float32": (
         "as bench --limit 10, more budgets, one method", _BENCH),
-    "mfd-hub bench --limit 8 --max-new-tokens 128": ("as bench --limit 10 (the miniature's results run)", _BENCH),
+    "mfd-hub bench --limit 20 --max-new-tokens 128 --budgets 16,32,64,auto --dtype float32 --linears onednn": (
+        "as bench --limit 10 (the miniature's results run), more budgets", _BENCH),
     "mfd-hub bench --budgets 16,32,64 --temperatures 0,1 --out bench/humaneval": (
         "as bench --limit 10, all 164 prompts at two temperatures", _BENCH),
     "mfd-hub bench --prompts my.jsonl --temperatures 0,0.7 --drafter MFD-SmolLM2-135M --out bench/mine": (
