@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -138,21 +139,43 @@ def run_stage(name, argv, marker):
     command = [str(beside) if beside.exists() else argv[0], *argv[1:]]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.time()
-    if argv[1] == "evaluate":  # its JSON is the stage's output: written whole or not at all
-        done = subprocess.run(command, stdout=subprocess.PIPE)
-        if done.returncode == 0:
-            temporary = marker.with_suffix(".tmp")
-            temporary.write_bytes(done.stdout)
-            temporary.replace(marker)
-    else:
-        done = subprocess.run(command)
+    evaluate = argv[1] == "evaluate"  # its JSON is the stage's output: written whole or not at all
+    child = subprocess.Popen(command, stdout=subprocess.PIPE if evaluate else None)
+    stopped = None
+    try:
+        output, _ = child.communicate()
+    except (Stopped, KeyboardInterrupt) as why:
+        # a stage stopped from outside ends with its child (a kill of this script alone used to leave
+        # the bench running, unseen, beside the next one); what the child finished is on disk
+        stopped = why
+        child.terminate()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    if evaluate and child.returncode == 0:
+        temporary = marker.with_suffix(".tmp")
+        temporary.write_bytes(output)
+        temporary.replace(marker)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     ROOT.mkdir(parents=True, exist_ok=True)
-    with open(ROOT / "ledger.jsonl", "a", encoding="utf-8") as ledger:
+    with open(ROOT / "ledger.jsonl", "a", encoding="utf-8") as ledger:  # a stopped part counts too
         ledger.write(json.dumps({"stage": name, "started": began, "wall_s": time.time() - began, "cpu_s": cpu,
-                                 "returncode": done.returncode, "argv": argv}) + "\n")
-    return done.returncode
+                                 "returncode": child.returncode, "stopped": stopped is not None,
+                                 "argv": argv}) + "\n")
+    if stopped is not None:
+        raise stopped
+    return child.returncode
+
+
+class Stopped(Exception):
+    """SIGTERM (a plain `kill`): unwinds like Ctrl-C so the running stage is stopped and logged."""
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
 
 
 def ledger():
@@ -198,10 +221,15 @@ def main(argv):
     if frozen is None:
         print(f"freeze the training data first (python {sys.argv[0]} freeze)")
         return 1
+    signal.signal(signal.SIGTERM, _raise_stopped)
     for name, command, marker in plan:
         if marker.exists():
             continue
-        code = run_stage(name, command, marker)
+        try:
+            code = run_stage(name, command, marker)
+        except (Stopped, KeyboardInterrupt):
+            print(f"{name} stopped; run again to go on from what is on disk", flush=True)
+            return 130
         if code != 0:
             print(f"{name} failed (exit {code}); fix it and run again: finished stages are kept", flush=True)
             return code

@@ -596,3 +596,38 @@ def test_the_retraining_writes_the_remote_code_back_into_finished_drafters(tmp_p
     assert sorted(p.name for p in final.glob("*.py")) == sorted(sources)
     assert (final / "modeling_mfd.py").read_text() == sources["modeling_mfd.py"]
     assert not list(unfinished.iterdir())
+
+
+def test_stopping_the_retraining_stops_its_running_stage_and_logs_its_cost(tmp_path):
+    """A plain `kill` of scripts/retrain_miniature.py ends the stage it runs (the child process with
+    it, not left running beside the next session's) and still writes the stage's ledger line."""
+    import signal
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    child_pid = tmp_path / "child.pid"
+    driver = f"""
+import signal, sys
+sys.argv = ["retrain_miniature.py"]
+spec = __import__("importlib.util").util.spec_from_file_location("plan", {str(repo / "scripts/retrain_miniature.py")!r})
+plan = __import__("importlib.util").util.module_from_spec(spec); spec.loader.exec_module(plan)
+plan.ROOT = __import__("pathlib").Path({str(tmp_path)!r})
+signal.signal(signal.SIGTERM, plan._raise_stopped)
+try:
+    plan.run_stage("sleeper", ["python3", "-c", "import os, time; open({str(child_pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)"],
+                   plan.ROOT / "marker")
+except plan.Stopped:
+    sys.exit(130)
+"""
+    process = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.time() + 60
+    while not child_pid.exists() or not child_pid.read_text():
+        assert time.time() < deadline and process.poll() is None
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 130
+    pid = int(child_pid.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the stage's child is gone (reaped by the script)
+    entry = json.loads((tmp_path / "ledger.jsonl").read_text())
+    assert entry["stage"] == "sleeper" and entry["stopped"] is True and entry["returncode"] != 0
