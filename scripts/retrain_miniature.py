@@ -129,6 +129,14 @@ def restore_bundles():
         write_bundle(config.parent)
 
 
+class Stopped(Exception):
+    """SIGTERM (a plain `kill`): unwinds like Ctrl-C so the running stage is stopped and logged."""
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
 def run_stage(name, argv, marker):
     """Run one stage to its end (resuming a training that has checkpoints) and log its cost."""
     if argv[1] == "train" and (Path(argv[-1].split("=", 1)[1]) / "checkpoints").exists():
@@ -168,14 +176,6 @@ def run_stage(name, argv, marker):
     if stopped is not None:
         raise stopped
     return child.returncode
-
-
-class Stopped(Exception):
-    """SIGTERM (a plain `kill`): unwinds like Ctrl-C so the running stage is stopped and logged."""
-
-
-def _raise_stopped(signum, frame):
-    raise Stopped(signum)
 
 
 def ledger():

@@ -607,11 +607,11 @@ def test_stopping_the_retraining_stops_its_running_stage_and_logs_its_cost(tmp_p
     repo = Path(__file__).resolve().parents[1]
     child_pid = tmp_path / "child.pid"
     driver = f"""
-import signal, sys
-sys.argv = ["retrain_miniature.py"]
-spec = __import__("importlib.util").util.spec_from_file_location("plan", {str(repo / "scripts/retrain_miniature.py")!r})
-plan = __import__("importlib.util").util.module_from_spec(spec); spec.loader.exec_module(plan)
-plan.ROOT = __import__("pathlib").Path({str(tmp_path)!r})
+import importlib.util, pathlib, signal, sys
+spec = importlib.util.spec_from_file_location("plan", {str(repo / "scripts/retrain_miniature.py")!r})
+plan = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plan)
+plan.ROOT = pathlib.Path({str(tmp_path)!r})
 signal.signal(signal.SIGTERM, plan._raise_stopped)
 try:
     plan.run_stage("sleeper", ["python3", "-c", "import os, time; open({str(child_pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)"],
