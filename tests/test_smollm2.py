@@ -10,7 +10,7 @@ from mfd_hub.targets import encode_prompt, load_target
 from mfd_hub.testing import greedy_decode
 from mfd_hub.zoo.shipped import shipped_drafter_dir
 
-NEW_TOKENS = 32  # long enough for several accepted paths a case (10-16 rounds), short enough for CI
+NEW_TOKENS = 32  # long enough for several accepted paths a case, short enough for CI
 
 # Python questions like the drafter's training prompts: it accepts runs of 2-3 tokens a round on
 # them (chat prompts such as "List three uses of a paperclip." reach a tau of only 1.4), so every
