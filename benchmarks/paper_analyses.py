@@ -11,8 +11,8 @@
 - with --evaluate, the mode diagnostics of held-out answers (paper: 7.9-8.0 effective modes of 8,
   the gate picks the winning mode 28% of the time against 12.5% chance).
 
-    python benchmarks/paper_analyses.py --results runs/retrain/full/bench-humaneval-164-T0/results.json \\
-        --results runs/retrain/full/bench-humaneval-164-T0.7/results.json --evaluate runs/retrain/full/evaluate.json
+    python benchmarks/paper_analyses.py --results data/smollm2/retrain/full/bench-humaneval-164-T0/results.json \\
+        --results data/smollm2/retrain/full/bench-humaneval-164-T0.7/results.json --evaluate data/smollm2/retrain/full/evaluate.json
 """
 
 import argparse
