@@ -6,14 +6,16 @@ Prints, per dtype, the median milliseconds at each N and the ratio to that dtype
 step, and which dtype decodes fastest. ``tree_budget="auto"`` measures the same curve once per
 machine (``mfd_hub/remote/budget_mfd.py``) and caches it. A dtype written ``float32:packed`` (or
 ``float32:packedR``) runs fp32 with its linear layers through oneDNN, weights packed once for
-about R rows (default 16; ``mfd_hub/packed_linear.py``); ``float32:fp16w`` multiplies by the
-weights rounded to fp16 (FBGEMM, fp32 rows and sums).
+about R rows (default 16; ``mfd_hub/packed_linear.py``), and ``bfloat16:packed`` the same for
+bf16 on a CPU with native bf16; ``float32:fp16w`` multiplies by the weights rounded to fp16
+(FBGEMM, fp32 rows and sums).
 
     python benchmarks/cost_curve.py                                   # SmolLM2-135M, fp32 and bf16
     python benchmarks/cost_curve.py --target ./my-target --dtypes float32 float16 --nodes 1 8 64
     python benchmarks/cost_curve.py --threads 1 --context 1000 --json
     python benchmarks/cost_curve.py --dtypes float32 float32:packed bfloat16
     python benchmarks/cost_curve.py --dtypes float32:packed float32:fp16w bfloat16
+    python benchmarks/cost_curve.py --dtypes float32:packed bfloat16 bfloat16:packed
 """
 
 import argparse
@@ -71,8 +73,10 @@ def main(argv=None):
             dtype = resolve_dtype(name, device)
             model = base if dtype == torch.float32 and not packing else copy.deepcopy(base).to(dtype)
             if packing:
-                if not (packing.startswith("packed") or packing == "fp16w") or dtype != torch.float32:
-                    raise SystemExit(f"error: {spec!r}: only float32:packed[ROWS] and float32:fp16w take a suffix")
+                if not ((packing.startswith("packed") and dtype in (torch.float32, torch.bfloat16))
+                        or (packing == "fp16w" and dtype == torch.float32)):
+                    raise SystemExit(f"error: {spec!r}: only float32:packed[ROWS], bfloat16:packed[ROWS] (a CPU "
+                                     "with native bf16) and float32:fp16w take a suffix")
                 if packing == "fp16w":
                     if not packings.enter_context(fp16_weight_linears(model)):
                         raise SystemExit(f"error: {spec!r}: FBGEMM's fp16-weight products are not available here")

@@ -6,7 +6,7 @@ writes ``--tokens`` new tokens and keeps its logits (one decode step a row). The
 the same tokens as verify passes of ``--rows`` rows over the cached prefix, and each of their
 logit rows is compared with the decode step that predicted the same position. A precision is
 ``float32``, ``bfloat16``, ``float16``, or ``float32:packed`` / ``float32:fp16w`` (fp32 rows with
-oneDNN-packed or fp16-rounded weights, ``mfd_hub/packed_linear.py``). The gap is reported in
+oneDNN-packed or fp16-rounded weights, ``mfd_hub/packed_linear.py``) / ``bfloat16:packed``. The gap is reported in
 logits and in units in the last place of the step's largest logit, ``2^(floor(log2 |z|max) - p)``
 with p the fraction bits of the precision's sums (7 bf16, 10 fp16, 23 for fp32 rows whatever the
 weights): the rounding bound allows ``ROUNDING_ULPS`` such units.
@@ -59,8 +59,8 @@ def main(argv=None):
         for spec in args.precisions:
             name, _, linears = spec.partition(":")
             dtype = resolve_dtype(name)
-            if linears and dtype != torch.float32:
-                raise SystemExit(f"error: {spec!r}: only float32 takes :packed or :fp16w")
+            if linears and not (dtype == torch.float32 or (dtype == torch.bfloat16 and linears == "packed")):
+                raise SystemExit(f"error: {spec!r}: only float32 takes :packed or :fp16w, bfloat16 :packed")
             model = base if spec == "float32" else copy.deepcopy(base).to(dtype)
             bits = FRACTION_BITS.get(dtype, 23)
             worst, worst_ulps, compared = 0.0, 0.0, 0

@@ -54,8 +54,10 @@ def top_candidates(logits, k, lse=None):
     logits [..., V]: log-probabilities (float or quantised int64), or raw logits with their
     log-normaliser ``lse`` [...] (then the log-probability is ``logit - lse`` in float32, and
     no vocabulary-wide log_softmax is needed). -> (int64 scores, ids), each [..., min(k, V)].
-    Only the float top-(k+1) is quantised unless a quantised tie straddles the cut (the score is
-    monotone in the logit, so the float top-(k+1) then holds the exact top-k).
+    Only the float top-(k+1) is quantised; when a quantised tie straddles the cut (the k-th and the
+    (k+1)-th score are equal), the top-2(k+1), then twice that, ... until the last one taken ranks
+    strictly below the k-th: the score is monotone in the logit, so every token tied with the k-th
+    is then among those taken, and ordering them by (score, id) gives the exact top-k.
     """
     v = logits.shape[-1]
     k = min(k, v)
@@ -64,22 +66,22 @@ def top_candidates(logits, k, lse=None):
         return quantize_logprobs(values if lse is None else values.float() - lse[..., None])
 
     if k < v:
-        vals, ids = _top_values(logits, k + 1)
-        vals = scores_of(vals)
-        if bool((vals[..., k - 1] == vals[..., k]).any()):
-            # a tie straddles the cut: only a full stable sort knows which ids win
-            full = scores_of(logits)
-            ids = torch.sort(full, dim=-1, descending=True, stable=True).indices[..., :k]
-            return full.gather(-1, ids), ids
-        vals, ids = vals[..., :k], ids[..., :k]
+        take = k + 1
+        while True:
+            vals, ids = _top_values(logits, take)
+            vals = scores_of(vals)
+            if take == v or bool((vals[..., -1] < vals[..., k - 1]).all()):
+                break  # every token tied with the k-th best is among those taken
+            # a tie straddles the cut (common with bf16 logits: 8 significant bits): take more
+            take = min(v, 2 * take)
     else:
         ids = torch.arange(v, device=logits.device).expand(logits.shape)
         vals = scores_of(logits)
-    # order ties inside the kept set by id: sort by id, then stably by score
+    # order ties inside the taken set by id: sort by id, then stably by score; keep the k best
     by_id = torch.sort(ids, dim=-1, stable=True)
     vals, ids = vals.gather(-1, by_id.indices), by_id.values
     by_val = torch.sort(vals, dim=-1, descending=True, stable=True)
-    return by_val.values, ids.gather(-1, by_val.indices)
+    return by_val.values[..., :k], ids.gather(-1, by_val.indices[..., :k])
 
 
 def _top_values(x, k, block=128):

@@ -1,13 +1,17 @@
-"""fp32 linear layers through oneDNN with weights packed once, for batched inference on CPU.
+"""Linear layers through oneDNN with weights packed once, for batched inference on CPU.
 
-torch's CPU ``F.linear`` hands the weight as it is stored to a BLAS sgemm; for the row counts of
-tree verifies and batched decoding (a few to a few hundred) oneDNN, given the weight reordered
-into its blocked layout once ahead of time, is much faster (measured on 2 AVX2 cores: 53-85
-GFLOP/s through torch at 128 rows, 109-119 through oneDNN, the LM head 58 against 109; a
-16-node verify of SmolLM2 187 ms against 260). torch ships the packed path for its compiler
+torch's CPU ``F.linear`` hands the weight as it is stored to a BLAS sgemm (fp32) or to oneDNN,
+which reorders it into its blocked layout at every call (bf16); for the row counts of tree
+verifies and batched decoding (one to a few hundred) oneDNN given the weight reordered once ahead
+of time is much faster. fp32, measured on 2 AVX2 cores: 53-85 GFLOP/s through torch at 128 rows,
+109-119 through oneDNN, the LM head 58 against 109; a 16-node verify of SmolLM2 187 ms against 260.
+bf16 (only where the CPU computes it natively: AMX-BF16 / AVX512-BF16), on an AMX Xeon, one
+thread, a 1536 x 576 weight: 126 / 147 / 325 us at 1 / 16 / 128 rows through torch against
+59 / 108 / 209 packed. torch ships the packed path for its compiler
 (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``); ``packed_linears`` uses it
-eagerly. The results are fp32 products of the same numbers, summed in another order (they
-differ from ``F.linear`` in the last bits, as two BLAS libraries do).
+eagerly. fp32 results are fp32 products of the same numbers, summed in another order (they differ
+from ``F.linear`` in the last bits, as two BLAS libraries do); bf16 ones are oneDNN's products as
+torch's own bf16 layer computes them.
 """
 
 import contextlib
@@ -17,17 +21,26 @@ import torch.nn as nn
 
 
 def packed_linears_available(model):
-    """Whether ``model`` can take packed linears: fp32 on CPU, and a torch with oneDNN's packed
-    linear ops."""
+    """Whether ``model`` can take packed linears: fp32 on CPU, or bf16 on a CPU that computes bf16
+    natively (elsewhere oneDNN emulates it), and a torch with oneDNN's packed linear ops."""
+    from .precision import cpu_has_native_bf16
+
     ops = torch.ops.mkldnn
-    return (_fp32_on_cpu(model) and torch.backends.mkldnn.is_available()
+    dtype = _dtype_on_cpu(model)
+    return ((dtype is torch.float32 or (dtype is torch.bfloat16 and cpu_has_native_bf16()))
+            and torch.backends.mkldnn.is_available()
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+def _dtype_on_cpu(model):
+    """The dtype of ``model``'s parameters when they are on CPU (judged by the first), else None."""
+    parameter = next(model.parameters(), None)
+    return parameter.dtype if parameter is not None and parameter.device.type == "cpu" else None
 
 
 def _fp32_on_cpu(model):
     """Whether ``model``'s parameters are fp32 on CPU (judged by the first; False without any)."""
-    parameter = next(model.parameters(), None)
-    return parameter is not None and parameter.device.type == "cpu" and parameter.dtype == torch.float32
+    return _dtype_on_cpu(model) is torch.float32
 
 
 def _fbgemm_fp16_available():
@@ -37,20 +50,21 @@ def _fbgemm_fp16_available():
 
 class _PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose forward multiplies by its packed weight (``packed_weight``); with
-    gradients on, or an input that is not fp32 on CPU, it is a plain linear layer."""
+    gradients on, or an input not on CPU or not in the weight's dtype, it is a plain linear layer."""
 
     def forward(self, x):
-        if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+        if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu":
             return super().forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
 @contextlib.contextmanager
 def packed_linears(model, rows):
-    """Within the block, every ``nn.Linear`` of ``model`` (fp32, CPU) multiplies through oneDNN by
-    a copy of its weight packed for about ``rows`` input rows; on exit the layers are as before
-    and the copies freed. The weights must not change inside the block. A model that cannot take
-    them (``packed_linears_available``) is left as it is. Yields the number of layers packed."""
+    """Within the block, every ``nn.Linear`` of ``model`` (fp32, or bf16 where native, on CPU)
+    multiplies through oneDNN by a copy of its weight packed for about ``rows`` input rows; on exit
+    the layers are as before and the copies freed. The weights must not change inside the block.
+    A model that cannot take them (``packed_linears_available``) is left as it is. Yields the
+    number of layers packed."""
     with _swapped_linears(model, packed_linears_available(model), _PackedLinear, "packed_weight",
                           lambda layer: torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(1, rows))) as count:
         yield count
@@ -128,20 +142,28 @@ def speculation_linears(linears, device="cpu"):
     return "onednn"
 
 
-def linears_label(packed, linears="auto"):
+def packs_bf16(linears, models):
+    """Whether ``linears`` multiplies a bf16 one of ``models`` through oneDNN (CPUs with native bf16)."""
+    return linears in ("auto", "onednn") and any(
+        _dtype_on_cpu(m) is torch.bfloat16 and packed_linears_available(m) for m in models)
+
+
+def linears_label(packed, linears="auto", models=()):
     """What reports call the products: "fp16-weights" or "onednn" when layers were changed, else
-    "torch"."""
+    "torch"; "onednn+bf16" when a bf16 one of ``models`` multiplies through oneDNN too."""
     if not packed:
         return "torch"
-    return "fp16-weights" if linears == "fp16" else "onednn"
+    if linears == "fp16":
+        return "fp16-weights"
+    return "onednn+bf16" if packs_bf16(linears, models) else "onednn"
 
 
 @contextlib.contextmanager
 def packed_for_speculation(*models, linears="auto", rows=SPECULATION_ROWS):
     """``packed_linears(model, rows)`` for every one of ``models`` that can take them (fp32 on
-    CPU), with ``linears="auto"`` or ``"onednn"``; ``"fp16"``: ``fp16_weight_linears`` for each
-    (the miniature's drafter too drafts faster so: one mode 10 ms against oneDNN's 14, eight 35
-    against 37); ``"torch"`` leaves them all as they are. Yields how many layers were changed. A
+    CPU, bf16 where native), with ``linears="auto"`` or ``"onednn"``; ``"fp16"``:
+    ``fp16_weight_linears`` for each (the miniature's drafter too drafts faster so: one mode 10 ms
+    against oneDNN's 14, eight 35 against 37); ``"torch"`` leaves them all as they are. Yields how many layers were changed. A
     model given twice is changed once."""
     if linears not in SPECULATION_LINEARS:
         raise ValueError(f"linears must be one of {', '.join(SPECULATION_LINEARS)}, not {linears!r}")

@@ -105,6 +105,26 @@ def test_auto_drafts_one_mode_where_all_modes_cost_too_much(pair, cache):
     assert out.modes_drafted.count(1) > out.modes_drafted.count(4) > 0
 
 
+def test_the_calibration_carries_over_to_the_next_generation_of_the_same_drafter(pair, cache):
+    """The acceptance table one generation learned is where the next one (same drafter, method,
+    sampling and machine) starts; another method or temperature, or another drafter, has its own."""
+    target, drafter = pair
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    first = drafter.spec_generate(target, ids, max_new_tokens=30, method="product", tree_budget="auto")
+    table = budget_mfd.calibration(drafter, first.round_costs_key, "product", (0.0, 0, 1.0))
+    seen = sum(table.seen)
+    assert seen > AcceptanceTable().seen[0] * table.bins  # the first generation's rounds are in it
+    again = drafter.spec_generate(target, ids, max_new_tokens=30, method="product", tree_budget="auto")
+    assert again.new_tokens == first.new_tokens == greedy_decode(target, ids, 30)
+    assert budget_mfd.calibration(drafter, first.round_costs_key, "product", (0.0, 0, 1.0)) is table
+    assert sum(table.seen) > seen  # the second generation went on learning in the same table
+    for other in (budget_mfd.calibration(drafter, first.round_costs_key, "mixture", (0.0, 0, 1.0)),
+                  budget_mfd.calibration(drafter, first.round_costs_key, "product", (0.7, 0, 1.0)),
+                  budget_mfd.calibration(tiny_drafter(target, num_modes=4, block_size=8), first.round_costs_key,
+                                         "product", (0.0, 0, 1.0))):
+        assert other is not table and sum(other.seen) == sum(AcceptanceTable().seen)
+
+
 def test_auto_refuses_other_words(pair):
     target, drafter = pair
     with pytest.raises(ValueError, match="auto"):

@@ -71,6 +71,21 @@ def test_on_round_sees_each_tree_its_logits_and_the_accepted_path(small_vocab_pa
         emitted = emitted[length:]
 
 
+def test_the_time_on_round_spends_is_not_the_generations(small_vocab_pair):
+    """A slow statistics callback (30 ms a round) leaves ``seconds`` and every stage's time as
+    they are without it: the trees are not charged for being measured."""
+    import time
+
+    target, drafter = small_vocab_pair
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    out = drafter.spec_generate(target, ids, max_new_tokens=30, method="product", tree_budget=8,
+                                on_round=lambda *args: time.sleep(0.03))
+    assert out.rounds >= 3
+    assert out.seconds < 0.03 * out.rounds  # all the sleeping left out
+    assert sum(out.stage_seconds.values()) == pytest.approx(out.seconds, rel=0.05, abs=0.005)
+    assert max(out.stage_seconds.values()) < 0.03 * out.rounds
+
+
 def test_mode_choices_for_single_mode_methods(small_vocab_pair):
     target, drafter = small_vocab_pair
     ids = torch.tensor([[2, 7, 1]])

@@ -16,8 +16,8 @@ def test_the_rounding_bound_per_dtype():
     logits = torch.tensor([20.0, 1.0, -3.0])
     assert rounding_bound(torch.float32, logits) == 0.0  # fp32: no tolerance at all
     # bf16 has 7 fraction bits: one unit at 16 <= |z| < 32 is 2^(4-7) = 0.125
-    assert rounding_bound(torch.bfloat16, logits) == pytest.approx(8 * 0.125)
-    assert rounding_bound(torch.float16, logits) == pytest.approx(8 * 2.0 ** (4 - 10))
+    assert rounding_bound(torch.bfloat16, logits) == pytest.approx(20 * 0.125)
+    assert rounding_bound(torch.float16, logits) == pytest.approx(20 * 2.0 ** (4 - 10))
 
 
 def test_dtype_names_and_auto():
@@ -38,16 +38,18 @@ def test_the_drafter_stays_fp32_where_bf16_is_emulated(monkeypatch):
 
 
 @pytest.mark.parametrize("slowed", [torch.float32, torch.bfloat16])
-def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch, tmp_path):
-    """``--dtype auto`` of demo and bench: the target speculates in the dtype whose plain decoding
-    is faster here; a real target made slower per forward pass (a 30 ms hook) loses."""
+def test_auto_measures_the_faster_speculative_decoding(slowed, monkeypatch, tmp_path):
+    """``--dtype auto`` of demo and bench: the target speculates in the dtype whose speculative
+    decoding (not plain decoding) is faster here; a real target made slower per forward pass (a
+    30 ms hook) loses, and plain decoding is never what is timed."""
     import time
 
     from mfd_hub.zoo import bench
 
     monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))  # nothing kept from another run
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
-    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("float32", target, ids, ())
+    draft = tiny_drafter(target)
+    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("float32", target, draft, ids)
     assert set(targets) == {torch.float32, torch.bfloat16}  # both plain baselines, whatever is asked
     assert spec_dtype is draft_dtype is torch.float32  # a named dtype is taken as it is
     in_each_dtype = bench.target_in_each_dtype
@@ -57,42 +59,47 @@ def test_auto_measures_the_faster_plain_decoding(slowed, monkeypatch, tmp_path):
         both[slowed].register_forward_pre_hook(lambda module, args: time.sleep(0.03))
         return both
 
+    def no_plain_decoding(*args, **kwargs):
+        raise AssertionError("the choice times speculation, not plain decoding")
+
     monkeypatch.setattr(bench, "target_in_each_dtype", one_made_slow)
-    _, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, ids, ())
+    monkeypatch.setattr("mfd_hub.targets.greedy_decode", no_plain_decoding)
+    _, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, draft, ids)
     assert spec_dtype is (torch.bfloat16 if slowed is torch.float32 else torch.float32)
     assert draft_dtype in (torch.float32, spec_dtype)
 
 
-def test_the_measured_dtype_is_kept_and_a_longer_baseline_corrects_it(monkeypatch, tmp_path):
-    """The choice is measured once per target and machine, then read from the cache (no timing);
-    ``remember_faster_dtype`` (the demo's interleaved baseline) replaces it; another target or
-    thread count is measured afresh."""
-    from mfd_hub.targets import greedy_decode
+def test_the_measured_dtype_is_kept_per_target_drafter_and_machine(monkeypatch, tmp_path):
+    """The choice is measured once per target, drafter shape and machine, then read from the cache
+    (no timing); another target, drafter or thread count is measured afresh."""
+    from mfd_hub.remote.modeling_mfd import DFlashDraftModel
     from mfd_hub.zoo import bench
 
     monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
+    draft = tiny_drafter(target)
     targets = bench.target_in_each_dtype(target, torch.float32)
     calls = []
+    spec_generate = DFlashDraftModel.spec_generate
 
-    def counted(model, *args, **kwargs):
-        calls.append(model.dtype)
-        return greedy_decode(model, *args, **kwargs)
+    def counted(model, target, *args, **kwargs):
+        calls.append(target.dtype)
+        return spec_generate(model, target, *args, **kwargs)
 
-    monkeypatch.setattr("mfd_hub.targets.greedy_decode", counted)
-    first, cached = bench.measured_dtype(targets, ids, ())
+    monkeypatch.setattr(DFlashDraftModel, "spec_generate", counted)
+    first, cached = bench.fastest_speculation_dtype(targets, draft, ids, "onednn")
     assert not cached and set(calls) == {torch.float32, torch.bfloat16}
     calls.clear()
-    assert bench.measured_dtype(targets, ids, ()) == (first, True) and calls == []
-    other = torch.bfloat16 if first is torch.float32 else torch.float32
-    bench.remember_faster_dtype(target, {first: 10.0, other: 20.0}, "test")
-    assert bench.measured_dtype(targets, ids, ()) == (other, True) and calls == []
+    assert bench.fastest_speculation_dtype(targets, draft, ids, "onednn") == (first, True) and calls == []
     wider = tiny_target("llama", hidden_size=64)
-    assert bench.dtype_choice_key(wider, targets) != bench.dtype_choice_key(target, targets)
+    key = bench.dtype_choice_key(target, targets, draft, "onednn")
+    assert bench.dtype_choice_key(wider, targets, draft, "onednn") != key
+    assert bench.dtype_choice_key(target, targets, tiny_drafter(target, num_modes=2), "onednn") != key
+    assert bench.dtype_choice_key(target, targets, draft, "torch") != key
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        assert not bench.measured_dtype(targets, ids, ())[1] and calls
+        assert not bench.fastest_speculation_dtype(targets, draft, ids, "onednn")[1] and calls
     finally:
         torch.set_num_threads(threads)
 
@@ -103,7 +110,7 @@ def test_classification_by_hand():
     assert classify_divergence([1, 2, 5, 3], [1, 2, 5, 3], logits, torch.bfloat16)["identical"]
     near = classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.bfloat16)
     assert near["step"] == 2 and near["near_tie"] and near["explained"]
-    assert near["gap"] == pytest.approx(0.01, rel=1e-4) and near["bound"] == pytest.approx(8 * 2.0 ** (3 - 7))
+    assert near["gap"] == pytest.approx(0.01, rel=1e-4) and near["bound"] == pytest.approx(20 * 2.0 ** (3 - 7))
     far = classify_divergence([1, 2, 5, 3], [1, 2, 0, 7], logits, torch.bfloat16)  # logit 0 vs 10: no tie
     assert not far["explained"] and not far["near_tie"]
     assert not classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.float32)["explained"]
@@ -225,7 +232,8 @@ def test_auto_linears_round_the_weights_to_fp16_only_where_bf16_is_emulated(monk
     def no_timing(*args, **kwargs):
         raise AssertionError("nothing is measured for fp16 weights")
 
-    monkeypatch.setattr(bench, "measured_dtype", no_timing)
+    monkeypatch.setattr(bench, "fastest_speculation_dtype", no_timing)
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
-    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, ids, (), linears="fp16")
+    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, tiny_drafter(target), ids,
+                                                                linears="fp16")
     assert set(targets) == {torch.float32, torch.bfloat16} and spec_dtype is draft_dtype is torch.float32

@@ -209,11 +209,34 @@ def test_packed_linears_give_the_products_of_the_same_weights_and_leave_the_mode
     assert sum(type(module) is torch.nn.Linear for module in target.modules()) == linears
     assert not any(hasattr(module, "packed_weight") for module in target.modules())
     assert all(torch.equal(before[name], tensor) for name, tensor in target.state_dict().items())
-    assert not packed_linears_available(tiny_target("qwen3").to(torch.bfloat16))
-    with packed_linears(tiny_target("qwen3").to(torch.bfloat16), rows=4) as packed:
-        assert packed == 0
     assert ContinuousEngine(target, [0], 0).describe()["linears"] == "onednn"
     assert ContinuousEngine(target, [0], 0, linears="torch").describe()["linears"] == "torch"
+
+
+def test_bf16_linears_are_packed_only_where_the_cpu_computes_bf16(monkeypatch):
+    """bf16 weights go through oneDNN packed only on a CPU with native bf16 (elsewhere oneDNN would
+    emulate it); there the products are torch's own bf16 products (oneDNN's, without the reorder at
+    every call), so the logits match torch's layers to bf16 rounding and the next tokens agree."""
+    from mfd_hub import precision
+
+    bf16 = tiny_target("qwen3", vocab_size=64, init_std=0.1).to(torch.bfloat16)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        expected = bf16(ids).logits.float()
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert not packed_linears_available(bf16)
+    with packed_linears(bf16, rows=4) as packed:
+        assert packed == 0
+    assert ContinuousEngine(bf16, [0], 0).describe()["linears"] == "torch"
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert packed_linears_available(bf16)
+    linears = sum(type(module) is torch.nn.Linear for module in bf16.modules())
+    with packed_linears(bf16, rows=4) as packed:
+        assert packed == linears > 0
+        with torch.no_grad():
+            got = bf16(ids).logits.float()
+    assert torch.allclose(got, expected, atol=0.05) and (got.argmax(-1) == expected.argmax(-1)).all()
+    assert ContinuousEngine(bf16, [0], 0).describe()["linears"] == "onednn+bf16"
 
 
 def test_continuous_engine_samples_only_tokens_the_target_can_emit():
@@ -407,3 +430,30 @@ def test_regen_command_writes_shards_and_refuses_bad_outputs(setup, tmp_path, ca
                                 "data/regen.json", "data/.part-00003.jsonl.gz.tmp"],
                                cwd=repo, capture_output=True, text=True)
         assert probe.stdout.split() == ["data/.part-00002.jsonl", "data/.part-00003.jsonl.gz.tmp"]
+
+
+def test_the_continuous_engine_takes_more_rows_for_bf16_where_the_cpu_computes_it(monkeypatch):
+    """``--batch-size`` by default: 128 rows, 384 for a bf16 target on a CPU with native bf16 (the
+    more rows, the faster its AMX products) while their KV room fits; the other engines keep theirs."""
+    from mfd_hub import precision
+    from mfd_hub.recipes.regen import (DEFAULT_BATCH, NATIVE_BF16_CACHE_BYTES, NATIVE_BF16_ROWS, default_batch,
+                                       kv_room_bytes, local_engine)
+
+    fp32 = tiny_target("qwen3", vocab_size=64)
+    bf16 = tiny_target("qwen3", vocab_size=64).to(torch.bfloat16)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert default_batch("continuous", bf16) == NATIVE_BF16_ROWS > DEFAULT_BATCH["continuous"]
+    assert default_batch("continuous", fp32) == DEFAULT_BATCH["continuous"] == 128
+    assert default_batch("generate", bf16) == 8 and default_batch("openai") == 8
+    tokenizer = tiny_tokenizer(64)
+    assert local_engine(bf16, tokenizer).batch_size == NATIVE_BF16_ROWS
+    assert local_engine(bf16, tokenizer, batch_size=16).batch_size == 16
+    # rows whose KV room would not fit keep the default (the room is allocated up front)
+    wide = tiny_target("qwen3", vocab_size=64, hidden_size=256, num_layers=24).to(torch.bfloat16)
+    assert kv_room_bytes(wide, NATIVE_BF16_ROWS, 256 + 192 + 64) <= NATIVE_BF16_CACHE_BYTES
+    assert default_batch("continuous", wide, max_new_tokens=192) == NATIVE_BF16_ROWS
+    assert kv_room_bytes(wide, NATIVE_BF16_ROWS, 256 + 2048 + 64) > NATIVE_BF16_CACHE_BYTES
+    assert default_batch("continuous", wide, max_new_tokens=2048) == 128
+    assert local_engine(wide, tokenizer, max_new_tokens=2048).batch_size == 128
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert default_batch("continuous", bf16) == 128

@@ -121,11 +121,13 @@ def test_triton_trees_equal_brute_force_and_reference(forced_triton, seed, tie_h
 
 @pytest.mark.parametrize("k", [1, 7, 33])
 def test_candidates_on_a_large_vocabulary_equal_a_full_stable_sort(k):
-    """A vocabulary large enough for the blockwise top-k, with ties straddling the cut."""
+    """A vocabulary large enough for the blockwise top-k, with ties straddling the cut: a few
+    (bf16 logits, 8 significant bits, as a bf16 drafter gives them) or a thousand (small integers)."""
     g = torch.Generator().manual_seed(k)
-    for logits in (torch.randn(2, 3, 128 * 80, generator=g), torch.randint(-6, 2, (2, 3, 128 * 80), generator=g).float()):
+    for logits in (torch.randn(2, 3, 128 * 80, generator=g), torch.randint(-6, 2, (2, 3, 128 * 80), generator=g).float(),
+                   (torch.randn(2, 3, 128 * 80, generator=g) * 3).bfloat16()):
         lse = log_normaliser(logits)
-        assert torch.allclose(lse, torch.logsumexp(logits, -1), atol=1e-5)
+        assert torch.allclose(lse, torch.logsumexp(logits.float(), -1), atol=1e-5)
         full = quantize_logprobs(logits - lse[..., None]).sort(dim=-1, descending=True, stable=True)
         scores, ids = top_candidates(logits, k, lse)
         assert torch.equal(scores, full.values[..., :k]) and torch.equal(ids, full.indices[..., :k])

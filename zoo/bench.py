@@ -394,73 +394,85 @@ def target_in_each_dtype(target, spec_dtype):
 
 
 DTYPE_CHOICE_CACHE = "dtype-choice"
+# What ``--dtype auto`` times: a short greedy speculative decode of the first prompt, product tree
+# (every drafter has one), budget ``auto`` (each dtype at the tree sizes its own costs afford).
+CHOICE_TOKENS = 24
+CHOICE_REPEATS = 3
 
 
-def dtype_choice_key(target, dtypes):
-    """What the faster plain dtype depends on: the target's shape, the candidate dtypes, the device
-    (the CPU's model name), the thread count and torch's version (as the round costs' key)."""
-    import hashlib
-
+def dtype_choice_key(target, dtypes, draft, linears):
+    """What the fastest speculation dtype depends on: the target's shape, the drafter's, the
+    candidate dtypes, the kind of fp32 products, the device (the CPU's model name), the thread
+    count and torch's version (as the round costs' key)."""
     from mfd_hub.precision import dtype_name
     from mfd_hub.remote.budget_mfd import device_name, target_shape
 
-    parts = [target_shape(target), sorted(dtype_name(d) for d in dtypes), target.device.type,
-             device_name(target.device), torch.get_num_threads(), torch.__version__]
+    cfg = draft.config
+    parts = [target_shape(target), [cfg.hidden_size, cfg.num_hidden_layers, cfg.num_modes,
+                                    cfg.draft_vocab_size or cfg.vocab_size, cfg.block_size],
+             sorted(dtype_name(d) for d in dtypes), linears, target.device.type, device_name(target.device),
+             torch.get_num_threads(), torch.__version__]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
-def measured_dtype(targets, input_ids, stop_ids, tokens=12, repeats=3):
+def fastest_speculation_dtype(targets, draft, input_ids, linears, tokens=CHOICE_TOKENS, repeats=CHOICE_REPEATS):
     """``--dtype auto`` for the miniature on a CPU: of ``targets`` ({dtype: the target in it}), the
-    dtype whose plain greedy decoding of ``input_ids`` is fastest on this machine, each timed
-    ``repeats`` times round-robin over ``tokens`` new tokens (the median decides) -> (dtype,
-    whether it came from the cache). The choice is kept in the user's cache per target, device,
-    threads and torch (``dtype_choice_key``), as the round costs are, and later runs reuse it;
-    ``remember_faster_dtype`` replaces it with what a longer interleaved baseline measured."""
+    dtype whose speculative decoding of ``input_ids`` is fastest on this machine -> (dtype, whether
+    it came from the cache).
+
+    Speculation, not plain decoding, is what this dtype runs, and the two rank dtypes differently:
+    on a CPU with AMX-BF16 plain bf16 decodes 1.15x as fast as fp32 but a 65-node bf16 verify costs
+    1.6 decode steps against 2.9 in fp32 (oneDNN). Each dtype (its drafter in
+    ``precision.drafter_dtype``, fp32 products as ``linears`` says) decodes ``tokens`` greedy tokens
+    with a product tree at budget ``auto``, ``repeats`` times round-robin after one warm-up run that
+    also measures (and caches) its round costs; the median decides. The choice is kept in the user's
+    cache (``dtype_choice_key``) and later runs reuse it."""
+    import copy
     import statistics
 
     from mfd_hub.cache import read_record, write_record
-    from mfd_hub.precision import dtype_name
-    from mfd_hub.targets import greedy_decode
+    from mfd_hub.packed_linear import packed_for_speculation
+    from mfd_hub.precision import drafter_dtype, dtype_name
 
     by_name = {dtype_name(dtype): dtype for dtype in targets}
-    key = dtype_choice_key(next(iter(targets.values())), targets)
+    fp32_target = targets[torch.float32]
+    key = dtype_choice_key(fp32_target, targets, draft, linears)
     kept = read_record(DTYPE_CHOICE_CACHE, key)
     if kept and kept.get("dtype") in by_name:
         return by_name[kept["dtype"]], True
+    drafts = {}  # one drafter per drafter dtype, shared by the dtypes that use it
+    for dtype in targets:
+        own = drafter_dtype(dtype, fp32_target.device)
+        drafts.setdefault(own, copy.deepcopy(draft).to(own))
+    runs = {dtype: (targets[dtype], drafts[drafter_dtype(dtype, fp32_target.device)]) for dtype in targets}
+
+    def decode(dtype, count):
+        target, drafter = runs[dtype]
+        drafter.spec_generate(target, input_ids, max_new_tokens=count, method="product", tree_budget="auto",
+                              stop_token_ids=())  # a stop would cut one dtype's run short
+
     seconds = {dtype: [] for dtype in targets}
-    for model in targets.values():  # first-call allocations stay out of the timing
-        greedy_decode(model, input_ids, 2, stop_ids=stop_ids)
-    for _ in range(repeats):
-        for dtype, model in targets.items():
-            began = time.perf_counter()
-            greedy_decode(model, input_ids, tokens, stop_ids=())  # a stop would cut one dtype's run short
-            seconds[dtype].append(time.perf_counter() - began)
+    with packed_for_speculation(*targets.values(), *drafts.values(), linears=linears):
+        for dtype in targets:  # first-call allocations and the cost measurement stay out of the timing
+            decode(dtype, 2)
+        for _ in range(repeats):
+            for dtype in targets:
+                began = time.perf_counter()
+                decode(dtype, tokens)
+                seconds[dtype].append(time.perf_counter() - began)
     median = {dtype: statistics.median(values) for dtype, values in seconds.items()}
-    faster = min(median, key=median.get)
-    write_record(DTYPE_CHOICE_CACHE, key, {"dtype": dtype_name(faster), "measured_by": "measured_dtype",
+    fastest = min(median, key=median.get)
+    write_record(DTYPE_CHOICE_CACHE, key, {"dtype": dtype_name(fastest), "measured_by": "speculation",
                                            "tokens_per_second": {dtype_name(d): tokens / s for d, s in median.items()}})
-    return faster, False
+    return fastest, False
 
 
-def remember_faster_dtype(target, rates, measured_by):
-    """Keep the faster of ``rates`` ({dtype: plain tokens/s, timed interleaved}) as ``--dtype
-    auto``'s choice for ``target`` here: a choice that a short measurement got wrong is corrected
-    by the next run's longer baseline."""
-    from mfd_hub.cache import write_record
-    from mfd_hub.precision import dtype_name
-
-    faster = max(rates, key=rates.get)
-    write_record(DTYPE_CHOICE_CACHE, dtype_choice_key(target, rates), {
-        "dtype": dtype_name(faster), "measured_by": measured_by,
-        "tokens_per_second": {dtype_name(d): r for d, r in rates.items()}})
-
-
-def speculation_dtypes(dtype, target32, input_ids, stop_ids, linears="onednn"):
+def speculation_dtypes(dtype, target32, draft, input_ids, linears="onednn"):
     """(targets {dtype: target} for the plain baselines, the target's speculation dtype, the
     drafter's) for ``--dtype`` ``dtype`` and resolved ``linears``: ``auto`` on a CPU is float32
     where the fp32 target multiplies with fp16 weights (its decode step is as fast as bf16's and
-    its verify far cheaper), else measured (``measured_dtype``, then ``precision.drafter_dtype``);
-    elsewhere, or for a named dtype, both run in it."""
+    its verify far cheaper), else measured (``fastest_speculation_dtype`` with ``draft``, then
+    ``precision.drafter_dtype``); elsewhere, or for a named dtype, both run in it."""
     from mfd_hub.precision import drafter_dtype, resolve_dtype
 
     spec_dtype = resolve_dtype(dtype, target32.device)
@@ -470,7 +482,7 @@ def speculation_dtypes(dtype, target32, input_ids, stop_ids, linears="onednn"):
     if target32.device.type == "cpu" and linears == "fp16":
         return targets, torch.float32, torch.float32
     if target32.device.type == "cpu":
-        spec_dtype, _ = measured_dtype(targets, input_ids, stop_ids)
+        spec_dtype, _ = fastest_speculation_dtype(targets, draft, input_ids, linears)
     return targets, spec_dtype, drafter_dtype(spec_dtype, target32.device)
 
 
@@ -545,21 +557,22 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
     stops = stop_ids_of(tokenizer, target)
     encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
-    if log and dtype == "auto":
-        log("--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
     linears = speculation_linears(linears, target.device)
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, encoded[0], stops, linears)
+    if log and dtype == "auto" and linears != "fp16":
+        log("--dtype auto: the dtype whose speculative decoding is fastest here (measured once, then cached)")
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, next(iter(drafters.values())), encoded[0],
+                                                          linears)
     drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
     settings = {"target": str(target_spec), "drafters": {label: weights_digest(d) for label, d in drafters.items()},
                 "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
                 "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
                 "plain_dtypes": [dtype_name(d) for d in targets], "threads": torch.get_num_threads(),
-                "linears": linears}
+                "linears": linears}  # as the round costs: what runs depends on the CPU (meta says what ran)
     journal = BenchJournal(out_dir, settings, resume=resume)
     if log and len(journal):
         log(f"resuming: {len(journal)} prompt run(s) already in {journal.path}")
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
-    with packed_for_speculation(targets[torch.float32], *drafters.values(), linears=linears) as packed, \
+    with packed_for_speculation(*targets.values(), *drafters.values(), linears=linears) as packed, \
             tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
         if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
             for draft in drafters.values():
@@ -573,7 +586,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
         "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed, linears),
+        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed, linears, targets.values()),
     }
     files = write_outputs(rows, out_dir, meta)
     result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

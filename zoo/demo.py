@@ -4,10 +4,10 @@ plain greedy decoding against the chain, the product tree and the mixture tree.
 Honest numbers: the baseline is the faster of plain fp32 and plain bf16 decoding (transformers
 ``generate``) of the same target on this machine, and every configuration, plain ones included,
 is timed ``repeats`` times interleaved (one run of each per repeat), so drifting machine load hits
-them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``, on a CPU: the
-target in the dtype of its faster plain decoding, measured here, the drafter in fp32 unless bf16 is
-native: ``bench.speculation_dtypes``) with ``budget`` (``auto``: chosen per round from this
-machine's measured costs). Outputs are checked against plain decoding in the same dtype:
+them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``, on a CPU: fp32
+with fp16 weights where bf16 is emulated, else the dtype whose speculative decoding is fastest,
+measured here, the drafter in fp32 unless bf16 is native: ``bench.speculation_dtypes``) with
+``budget`` (``auto``: chosen per round from this machine's measured costs). Outputs are checked against plain decoding in the same dtype:
 identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd_hub.precision``).
 """
 
@@ -16,7 +16,7 @@ import time
 
 from mfd_hub.locate import resolve_drafter
 
-from .bench import remember_faster_dtype, speculation_dtypes
+from .bench import speculation_dtypes
 from .shipped import load_with_auto_model
 
 DEMO_METHODS = ("chain", "product", "mixture")
@@ -50,9 +50,9 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     linears = speculation_linears(linears, target32.device)
     if log and dtype == "auto":
         log("--dtype auto: float32 rows with fp16 weights (this CPU has no native bf16)" if linears == "fp16" else
-            "--dtype auto: the dtype whose plain decoding is fastest here (measured once, then cached)")
+            "--dtype auto: the dtype whose speculative decoding is fastest here (measured once, then cached)")
     # plain decoding in fp32 and bf16 (the faster is the baseline); speculation's dtypes
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, ids, stops, linears)
+    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, draft, ids, linears)
     draft = draft.to(draft_dtype)
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
     target = targets[spec_dtype]
@@ -67,8 +67,9 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in targets]  # fp32, bf16, then the spec dtype
     configs += [(method, spec(method)) for method in methods]
 
-    # fp32 on CPU: target (plain and speculating alike) and drafter multiply through oneDNN or fp16 weights
-    with packed_for_speculation(targets[torch.float32], draft, linears=linears) as packed:
+    # on CPU: targets (plain and speculating alike) and drafter multiply through oneDNN (fp32, and bf16
+    # where native) or with fp16 weights (fp32)
+    with packed_for_speculation(*targets.values(), draft, linears=linears) as packed:
         # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
         if log:
             log("warming up" + (" and measuring this machine's round costs (cached)" if budget == "auto" else ""))
@@ -95,9 +96,6 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     rates = {name: len(tokens_of(name)) / median[name] for name, _ in configs}
     plain_names = [name for name, _ in configs if name.startswith("plain")]
     baseline = max(plain_names, key=lambda n: rates[n])
-    if dtype == "auto" and target32.device.type == "cpu" and repeats >= 3 and linears != "fp16":
-        # at least measured_dtype's evidence (3 interleaved repeats): the better measurement wins
-        remember_faster_dtype(target32, {dt: rates[f"plain {dtype_name(dt)}"] for dt in targets}, "demo")
     reference_tokens, reference_logits = last[f"plain {dtype_name(spec_dtype)}"]
 
     runs = []
@@ -122,7 +120,7 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
         "drafter_dtype": dtype_name(draft_dtype),
-        "linears": linears_label(packed, linears),
+        "linears": linears_label(packed, linears, targets.values()),
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},

@@ -40,17 +40,19 @@ def budget_option(default="auto"):
              "to draft all modes) with the most expected tokens per second on this machine.")
 
 
-MEASURED_DTYPE_HELP = ("Dtype of target and drafter for speculation; auto: on a CPU, the target in the dtype of "
-                       "its faster plain decoding, timed here once and then cached, and the drafter in float32 unless the CPU has "
-                       "native bf16; on CUDA bfloat16.")
+MEASURED_DTYPE_HELP = ("Dtype of target and drafter for speculation; auto: on a CPU without native bf16, float32 "
+                       "with fp16 weights (--linears auto); otherwise on a CPU, the dtype whose speculative decoding "
+                       "is fastest, timed here once and then cached (the drafter in float32 unless the CPU has "
+                       "native bf16); on CUDA bfloat16.")
 
 
 def linears_option(help=None, choices=("auto", "onednn", "fp16", "torch")):
     return click.option(
         "--linears", type=click.Choice(list(choices)), default="auto", show_default=True,
-        help=help or "Products of an fp32 target and drafter on CPU: fp16 multiplies fp32 rows by the weights "
+        help=help or "Products of target and drafter on CPU: fp16 multiplies fp32 rows by the weights "
                      "rounded to fp16 (FBGEMM: half the bytes, so a decode step is as fast as bf16's and a 4-node "
-                     "verify costs 1.3 steps); onednn by the fp32 weights packed once for oneDNN; torch: torch's "
+                     "verify costs 1.3 steps); onednn by the weights packed once for oneDNN (fp32, and bf16 on a CPU "
+                     "with native bf16); torch: torch's "
                      "own layers; auto: fp16 on a CPU without native bf16, else onednn.")
 
 

@@ -62,6 +62,7 @@ def demo(prompt, drafter, budget, dtype, linears, max_new_tokens, repeats, as_js
                    f"speculation: target in {result['dtype']}, drafter in {result['drafter_dtype']}, budget "
                    f"{result['budget']}, {result['threads']} threads"
                    + {"onednn": ", fp32 products through oneDNN (packed weights)",
+                      "onednn+bf16": ", fp32 and bf16 products through oneDNN (packed weights), plain decoding too",
                       "fp16-weights": ", fp32 rows times the weights rounded to fp16 (FBGEMM), plain float32 too"}
                    .get(result["linears"], ""))
         click.echo(f"{'method':<15} {'tokens':>6} {'rounds':>6} {'tau':>5} {'tok/s':>7} {'speedup':>8}  output")

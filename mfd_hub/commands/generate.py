@@ -67,7 +67,7 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
     stats = out.stats()
     stats["dtype"] = dtype_name(run_dtype)
-    stats["linears"] = linears_label(packed, linears)
+    stats["linears"] = linears_label(packed, linears, [target])
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return

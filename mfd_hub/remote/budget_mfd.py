@@ -13,7 +13,9 @@ A round's worth is (expected tokens it emits) / (seconds it costs). Both halves 
   sum, over the tree's nodes, of the probability that the target accepts the node. A node's
   probability is read off a table indexed by the node's draft log-probability (its prefix
   score), which starts at the drafter's own claim (exp(score)) and learns from every verified
-  round what fraction of such nodes the target really accepted.
+  round what fraction of such nodes the target really accepted; the table lives on the drafter
+  object (``calibration``), so later generations in the same process start from what earlier
+  ones learned.
 
 The budgets are nested (the best B prefixes of the best B' > B), so one tree built at the largest
 candidate budget prices every smaller one. Each round takes the budget with the highest
@@ -267,17 +269,29 @@ class AcceptanceTable:
             self.accepted[i] += 1.0 if hit else 0.0
 
 
+def calibration(draft, costs_key, method, sampling):
+    """The acceptance table that ``draft``'s generations with ``method`` and ``sampling`` (a tuple:
+    temperature, top-k, top-p) on the machine of ``costs_key`` learn and reuse, kept on the
+    drafter object for the process's life. How often the target accepts what the drafter claims
+    is a property of the drafter, the target and the sampling, not of one prompt: a table that
+    starts afresh at every prompt spends the first rounds of each on the drafter's own claims
+    (HumanEval, bf16 on 2 cores: the mixture at budget ``auto`` took 47 tok/s with a table per
+    prompt, 55 with one carried over, against 53 at a fixed 16)."""
+    tables = draft.__dict__.setdefault("_auto_calibration", {})  # not a parameter or buffer
+    return tables.setdefault((costs_key, method, tuple(sampling)), AcceptanceTable())
+
+
 class BudgetChooser:
     """Per-round decisions for ``tree_budget="auto"``; see the module docstring."""
 
     PROBE_EVERY = 8  # rounds a losing option sits out before it is tried again
     SMOOTHING = 0.3  # weight of the newest round in the running rates
 
-    def __init__(self, costs, method, num_modes, max_budget=None):
+    def __init__(self, costs, method, num_modes, max_budget=None, table=None):
         self.costs, self.method, self.num_modes = costs, method, num_modes
         top = max(CANDIDATE_BUDGETS) if max_budget is None else max_budget
         self.budgets = [b for b in CANDIDATE_BUDGETS if b <= top] or [1]
-        self.table = AcceptanceTable()
+        self.table = AcceptanceTable() if table is None else table
         self.rate = {}  # option -> running expected tokens per second
         self.benched = {}  # option -> rounds left out
         self.plain_rate = 1.0 / costs.verify(1)

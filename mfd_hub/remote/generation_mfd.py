@@ -25,7 +25,7 @@ from ..kernels.accept import accept_walk
 from ..kernels.tree_attention import ancestor_mask
 from ..kernels.tree_build import build_chain, draft_candidates, draft_tree
 from ..kernels.tree_format import SCORE_SCALE
-from .budget_mfd import BudgetChooser, round_costs
+from .budget_mfd import BudgetChooser, calibration, round_costs
 from .context_mfd import DraftContextCache
 from .sampling_mfd import check_sampling, next_tokens
 from .targets_mfd import make_verifier
@@ -107,6 +107,10 @@ class _StageClock:
         self.seconds[stage] += now - self._t
         self._t = now
 
+    def skip(self, seconds):
+        """Leave ``seconds`` just spent out of every stage."""
+        self._t += seconds
+
 
 def _check_pair(draft, target):
     cfg, tcfg = draft.config, target.config
@@ -170,7 +174,8 @@ def spec_generate(
     sync_timing: on CUDA, synchronise at every stage so stage times are exact (slower).
     on_round: called after each verification as ``on_round(tree, tokens, logits, path)``: the
     draft tree, its tokens in the target's vocabulary, the target's logits per node and the
-    accepted path from the root. Benchmarks use it to see where the budget went.
+    accepted path from the root. Benchmarks use it to see where the budget went; its own time is
+    left out of ``seconds`` and ``stage_seconds`` (statistics must not slow the trees they measure).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -203,7 +208,8 @@ def spec_generate(
     if auto:  # measured once per machine and cached; not part of the generation's time
         costs = round_costs(draft, target, input_ids, make_verifier, ancestor_mask)
         chooser = BudgetChooser(costs, method, draft.config.num_modes,
-                                max_budget=block - 1 if method == "chain" else None)
+                                max_budget=block - 1 if method == "chain" else None,
+                                table=calibration(draft, costs.key, method, (temperature, top_k, top_p)))
         if method == "chain":
             chooser.budgets = list(range(1, block))
 
@@ -287,8 +293,12 @@ def spec_generate(
             accepted_nodes = set(path[1:accepted].tolist())
             chooser.observe((tree.scores[1:].double() / SCORE_SCALE).tolist(),
                             [i in accepted_nodes for i in range(1, tree.num_nodes + 1)])
-        if on_round is not None:
+        if on_round is not None:  # the caller's statistics are not the generation's time
+            hook_began = time.perf_counter()
             on_round(tree, tokens, logits, path[:accepted])
+            hook_seconds = time.perf_counter() - hook_began
+            clock.skip(hook_seconds)
+            began += hook_seconds
         out.tree_sizes.append(tree.num_nodes)
         if modes is not None and not isinstance(modes, str):
             out.modes_used.append(modes[0])
