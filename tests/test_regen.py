@@ -223,12 +223,15 @@ def test_bf16_linears_are_packed_only_where_the_cpu_computes_bf16(monkeypatch):
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         expected = bf16(ids).logits.float()
+    native = precision.cpu_has_native_bf16()
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     assert not packed_linears_available(bf16)
     with packed_linears(bf16, rows=4) as packed:
         assert packed == 0
     assert ContinuousEngine(bf16, [0], 0).describe()["linears"] == "torch"
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    if not native:  # oneDNN refuses bf16 products on such a CPU: nothing more to run here
+        pytest.skip("this CPU has no native bf16: the packed bf16 products cannot run")
+    monkeypatch.undo()
     assert packed_linears_available(bf16)
     linears = sum(type(module) is torch.nn.Linear for module in bf16.modules())
     with packed_linears(bf16, rows=4) as packed:
