@@ -405,11 +405,9 @@ def dtype_choice_key(target, dtypes, draft, linears):
     candidate dtypes, the kind of fp32 products, the device (the CPU's model name), the thread
     count and torch's version (as the round costs' key)."""
     from mfd_hub.precision import dtype_name
-    from mfd_hub.remote.budget_mfd import device_name, target_shape
+    from mfd_hub.remote.budget_mfd import device_name, drafter_shape, target_shape
 
-    cfg = draft.config
-    parts = [target_shape(target), [cfg.hidden_size, cfg.num_hidden_layers, cfg.num_modes,
-                                    cfg.draft_vocab_size or cfg.vocab_size, cfg.block_size],
+    parts = [target_shape(target), drafter_shape(draft) + [draft.config.block_size],
              sorted(dtype_name(d) for d in dtypes), linears, target.device.type, device_name(target.device),
              torch.get_num_threads(), torch.__version__]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]

@@ -78,13 +78,14 @@ def regen(target_spec, prompts_path, out_path, temperature, top_p, top_k, max_ne
     done_before = len(RegenOutput(out_path, shard_size).done & {rid for rid, _ in prompts})
     if engine == "openai":
         tokenizer, stops = load_tokenizer(target_spec)
+        batch_size = batch_size or default_batch(engine)
         target = OpenAIEngine(endpoint, served_model or target_spec, tokenizer, stops, concurrency=concurrency,
-                              batch_size=batch_size or default_batch(engine))
+                              batch_size=batch_size)
         dtype = None
     else:
         dtype = resolve_dtype(dtype or "auto")
         target, tokenizer = load_target(target_spec, dtype=dtype)
-    batch_size = batch_size or default_batch(engine, None if engine == "openai" else target, max_new_tokens)
+        batch_size = batch_size or default_batch(engine, target, max_new_tokens)
     with tqdm(total=len(prompts), initial=done_before, desc="regenerating", unit="prompt", disable=as_json) as bar:
         written = regenerate(
             target, tokenizer, prompts, out_path, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -113,6 +113,12 @@ def target_shape(target):
             str(target.dtype)]
 
 
+def drafter_shape(draft):
+    """The drafter's identity as a cost depends on it: width, depth, modes, draft vocabulary."""
+    cfg = draft.config
+    return [cfg.hidden_size, cfg.num_hidden_layers, cfg.num_modes, cfg.draft_vocab_size or cfg.vocab_size]
+
+
 def linear_kinds(model):
     """The classes of a model's linear layers: a layer swapped for a faster product (oneDNN with
     packed weights, a quantised one) changes the costs."""
@@ -125,8 +131,7 @@ def machine_key(draft, target):
     device = target.device
     parts = {
         "target": target_shape(target),
-        "drafter": [draft.config.hidden_size, draft.config.num_hidden_layers, draft.config.num_modes,
-                    draft.config.draft_vocab_size or draft.config.vocab_size, str(draft.dtype)],
+        "drafter": drafter_shape(draft) + [str(draft.dtype)],
         "linears": [linear_kinds(target), linear_kinds(draft)],
         "device": [device.type, device_name(device)],
         "threads": torch.get_num_threads(),
