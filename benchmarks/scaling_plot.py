@@ -1,12 +1,13 @@
-"""Tau against training-data size: one line per method, from `mfd-hub bench` results.
+"""Tau against training-data size: one line per drafter and method, from `mfd-hub bench` results.
 
 Each point is a data size and the results.json that `mfd-hub bench --out DIR` wrote for the
 drafters trained on that many regenerated answers (the same prompts, budgets and temperature in
-every run). Prints the table and writes the plot:
+every run). One line per drafter and method (a chain at its own length, the trees at --budget);
+--drafter keeps the drafters whose label contains it. Prints the table and writes the plot:
 
     python benchmarks/scaling_plot.py --point 1200=bench/n1200/results.json \\
         --point 5000=bench/n5000/results.json --point 12000=bench/n12000/results.json \\
-        --drafter MFD --budget 16 --out docs/miniature/scaling_T0.png
+        --budget 16 --out docs/miniature/scaling_T0.png
 """
 
 import argparse
@@ -28,14 +29,27 @@ def read_point(spec):
     return int(size), rows
 
 
-def tau_of(rows, method, budget, temperature, drafter):
-    """The tau of ``method`` (at ``budget``; a chain at its own) in ``rows``, or None."""
-    for row in rows:
-        if (row["method"] == method and row["temperature"] == temperature
-                and (method == "chain" or str(row["budget"]) == str(budget))
-                and (drafter is None or drafter.lower() in row["drafter"].lower())):
-            return row["tau"]
-    return None
+def drafter_name(label):
+    """A drafter's short name from its results label (a path ends in final/, a checkpoint's folder)."""
+    parts = [part for part in label.replace("\\", "/").split("/") if part]
+    if len(parts) > 1 and parts[-1] == "final":
+        parts = parts[:-1]
+    return parts[-1] if parts else label
+
+
+def series_of(points, budget, temperature, drafter):
+    """{(drafter, method): {size: tau}} over every point: a chain at its own budget, trees at ``budget``."""
+    series = {}
+    for size, rows in points:
+        for row in rows:
+            if row["temperature"] != temperature or row["method"] not in METHODS:
+                continue
+            if row["method"] != "chain" and str(row["budget"]) != str(budget):
+                continue
+            if drafter is not None and drafter.lower() not in row["drafter"].lower():
+                continue
+            series.setdefault((drafter_name(row["drafter"]), row["method"]), {})[size] = row["tau"]
+    return series
 
 
 def main(argv=None):
@@ -48,11 +62,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     points = sorted(read_point(spec) for spec in args.point)
-    table = {m: [tau_of(rows, m, args.budget, args.temperature, args.drafter) for _, rows in points] for m in METHODS}
-    print("| answers | " + " | ".join(f"{m} tau" for m in METHODS) + " |")
-    print("|---|" + "---|" * len(METHODS))
-    for i, (size, _) in enumerate(points):
-        cells = ["" if table[m][i] is None else f"{table[m][i]:.2f}" for m in METHODS]
+    sizes = [size for size, _ in points]
+    series = series_of(points, args.budget, args.temperature, args.drafter)
+    if not series:
+        sys.exit(f"error: no chain, product or mixture rows at T = {args.temperature:g}"
+                 + (f" for a drafter matching {args.drafter!r}" if args.drafter else ""))
+    names = sorted(series, key=lambda key: (key[0], METHODS.index(key[1])))
+    print("| answers | " + " | ".join(f"{d} {m} tau" for d, m in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for size in sizes:
+        cells = [f"{series[key][size]:.2f}" if size in series[key] else "" for key in names]
         print(f"| {size:,} | " + " | ".join(cells) + " |")
     if args.out:
         import matplotlib
@@ -60,19 +79,21 @@ def main(argv=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for method in METHODS:
-            xs = [size for (size, _), tau in zip(points, table[method]) if tau is not None]
-            ys = [tau for tau in table[method] if tau is not None]
-            if xs:
-                label = method if method == "chain" else f"{method} (B = {args.budget})"
-                ax.plot(xs, ys, marker="o", label=label)
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        styles = {"chain": ":", "product": "--", "mixture": "-"}
+        for drafter, method in names:
+            xs = sorted(series[(drafter, method)])
+            ys = [series[(drafter, method)][x] for x in xs]
+            label = f"{drafter} {method}" + ("" if method == "chain" else f" (B = {args.budget})")
+            ax.plot(xs, ys, marker="o", linestyle=styles[method], label=label)
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{size:,}" for size in sizes])
+        ax.minorticks_off()  # the sizes themselves label the axis
         ax.set_xlabel("regenerated training answers")
         ax.set_ylabel("tau (tokens per round)")
         ax.set_title(f"SmolLM2-135M miniature, T = {args.temperature:g}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=110)

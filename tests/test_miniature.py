@@ -125,6 +125,39 @@ def test_paper_analyses_read_the_shipped_results(capsys):
         analyses.main(["--results", str(zoo_dir() / "MFD-SmolLM2-135M" / "model.safetensors")])
 
 
+def test_scaling_plot_draws_a_line_per_drafter_and_method(tmp_path, capsys):
+    """benchmarks/scaling_plot.py: every (drafter, method) of the points is a column holding its tau
+    at each size (a chain at its own budget, a tree at --budget), a size lacking it an empty cell,
+    the PNG is written, and a file that is not bench results is one error."""
+    scaling = load_script("benchmarks/scaling_plot.py")
+    rows = json.loads((zoo_dir() / BENCH_RESULTS).read_text())["rows"]
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"rows": rows}))
+    small = tmp_path / "small.json"  # a smaller run without the mixture, its tau halved
+    small.write_text(json.dumps({"rows": [{**r, "tau": r["tau"] / 2} for r in rows if r["method"] != "mixture"]}))
+    scaling.main(["--point", f"12000={big}", "--point", f"1200={small}", "--budget", "32", "--out", str(tmp_path / "s.png")])
+    lines = capsys.readouterr().out.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    table = {int(cells[0].replace(",", "")): cells[1:] for cells in
+             ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:4])}
+    assert sorted(table) == [1200, 12000]
+
+    def tau(drafter, method):
+        return next(r["tau"] for r in rows if r["drafter"] == drafter and r["method"] == method
+                    and r["temperature"] == 0 and (method == "chain" or r["budget"] == 32))
+
+    expected = {f"{d} {m} tau": (d, m) for d in ("DPACE-SmolLM2-135M", "MFD-SmolLM2-135M") for m in ("chain", "product", "mixture")
+                if (d, m) != ("DPACE-SmolLM2-135M", "mixture")}
+    assert sorted(header[1:]) == sorted(expected)
+    for column, name in enumerate(header[1:]):
+        drafter, method = expected[name]
+        assert table[12000][column] == f"{tau(drafter, method):.2f}"
+        assert table[1200][column] == ("" if method == "mixture" else f"{tau(drafter, method) / 2:.2f}")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="not a results.json"):
+        scaling.main(["--point", f"5000={zoo_dir() / 'MFD-SmolLM2-135M' / 'model.safetensors'}"])
+
+
 def _humaneval_overlap(prompts):
     """The prompts (text, subject name or None) that overlap HumanEval: a problem's task (the start
     of any of its docstrings) in the text, a problem's function name as the subject (also without
