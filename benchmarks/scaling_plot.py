@@ -29,14 +29,6 @@ def read_point(spec):
     return int(size), rows
 
 
-def drafter_name(label):
-    """A drafter's short name from its results label (a path ends in final/, a checkpoint's folder)."""
-    parts = [part for part in label.replace("\\", "/").split("/") if part]
-    if len(parts) > 1 and parts[-1] == "final":
-        parts = parts[:-1]
-    return parts[-1] if parts else label
-
-
 def series_of(points, budget, temperature, drafter):
     """{(drafter, method): {size: tau}} over every point: a chain at its own budget, trees at ``budget``."""
     series = {}
@@ -48,7 +40,8 @@ def series_of(points, budget, temperature, drafter):
                 continue
             if drafter is not None and drafter.lower() not in row["drafter"].lower():
                 continue
-            series.setdefault((drafter_name(row["drafter"]), row["method"]), {})[size] = row["tau"]
+            # bench labels a drafter folder DIR/final as "DIR/final": the folder names it
+            series.setdefault((row["drafter"].removesuffix("/final"), row["method"]), {})[size] = row["tau"]
     return series
 
 
