@@ -55,6 +55,9 @@ ROOT = Path("data/smollm2/retrain")
 FEATURES = Path("runs/features/smollm2")  # the target's tap features of DATA, shared by every stage
 MIN_ANSWERS = 10_000
 SIZES = {"full": None, "5k": 5000, "1k2": 1200}  # data.limit of each size
+# runs whose stage 1 is a second cosine cycle, as long as the first, from another run's stage 1 (all
+# answers): full's stage-1 coverage was still rising 8% over its last fifth of steps
+CONTINUED = {"long": "full"}
 BATCH = 16  # sequences per step, as the recipes say
 STAGE1_STEPS, FINETUNE_STEPS = 600, 225
 BLOCK = 8  # anchor + drafted positions of every retrained drafter
@@ -84,15 +87,20 @@ def frozen_answers():
 def stages(full_size):
     """[(name, argv, done marker)] in the order they run; ``full_size``: the frozen answer count."""
     plan = []
-    for size, limit in SIZES.items():
+    runs_to_plan = [(size, limit, None) for size, limit in SIZES.items()]
+    runs_to_plan += [(name, SIZES[source], source) for name, source in CONTINUED.items()]
+    for size, limit, continued_from in runs_to_plan:
         n = limit or full_size
         folder = ROOT / size
         data = [f"data.train={DATA}", f"data.limit={n}", f"data.features_dir={FEATURES}", "train.precision=auto",
                 f"drafter.block_size={BLOCK}", f"output.save_every={SAVE_EVERY}"]
         finetune = [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", f"train.anchors_per_sequence={FINETUNE_ANCHORS}",
                     f"drafter.base={folder / 'smollm2-dflash' / 'final'}"]
+        stage1 = [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}", f"train.anchors_per_sequence={STAGE1_ANCHORS}"]
+        if continued_from:  # the architecture comes with the base
+            stage1 += [f"drafter.base={ROOT / continued_from / 'smollm2-dflash' / 'final'}", "drafter.config={}"]
         runs = {
-            "smollm2-dflash": [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}", f"train.anchors_per_sequence={STAGE1_ANCHORS}"],
+            "smollm2-dflash": stage1,
             "smollm2-dpace": finetune,
             "smollm2-mfd": finetune,
         }
