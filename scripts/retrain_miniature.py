@@ -36,7 +36,8 @@ Choices, from measurements on the 2-core development machine (README, "Training"
 - three data sizes for the scaling plot (1.2K, 5K and all answers), each benchmarked on the
   first 20 HumanEval problems; the full size also on all 164 at T = 0 and T = 0.7, and its MFD
   drafter evaluated on the held-out answers. The full size's drafters and their T = 0 bench run
-  first (what ships, and the verdict), then the smaller sizes, then T = 0.7.
+  first (what ships, and the verdict), then the smaller sizes, then `long` (all answers, stage 1
+  for a second cycle from full's, and its fine-tunes and bench), then T = 0.7.
 """
 
 import argparse
