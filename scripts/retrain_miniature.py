@@ -36,8 +36,8 @@ Choices, from measurements on the 2-core development machine (README, "Training"
 - three data sizes for the scaling plot (1.2K, 5K and all answers), each benchmarked on the
   first 20 HumanEval problems, then `long` (all answers, stage 1 for a second cycle from full's,
   and its fine-tunes and bench); last, the candidate to ship (CANDIDATE, now `long`) on all 164
-  at T = 0 and T = 0.7, and its MFD drafter evaluated on the held-out answers (full's were, when
-  full was the candidate).
+  at T = 0 and T = 0.7 (fp32) and in bf16 for the README's speed table, and its MFD drafter
+  evaluated on the held-out answers (full's were, when full was the candidate).
 """
 
 import argparse
@@ -128,6 +128,13 @@ def stages(full_size):
             "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
             str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
             "--dtype", "float32", *PINNED, "--out", str(out), "--resume"], out / "results.json"))
+    # the README's speed table: what a user of a CPU with native bf16 gets (bf16 speculation, the
+    # faster plain decoding as baseline), pinned so that a resume on another CPU keeps the settings
+    out = ROOT / CANDIDATE / "bench-bf16-humaneval-164"
+    plan.append((f"{CANDIDATE}-bench164-bf16", [
+        "mfd-hub", "bench", "--drafter", str(ROOT / CANDIDATE / "smollm2-dpace" / "final"), "--drafter",
+        str(ROOT / CANDIDATE / "smollm2-mfd" / "final"), "--methods", "chain,product,mixture", "--budgets", "16,auto",
+        "--dtype", "bfloat16", *PINNED, "--out", str(out), "--resume"], out / "results.json"))
     return plan
 
 
