@@ -121,20 +121,19 @@ def stages(full_size):
             evaluation = folder / "evaluate.json"
             plan.append((f"{size}-evaluate", ["mfd-hub", "evaluate", str(folder / "smollm2-mfd" / "final"), "--data",
                                            str(HELDOUT), "--json"], evaluation))
+    candidate = ROOT / CANDIDATE
+    candidate_drafters = ["--drafter", str(candidate / "smollm2-dpace" / "final"), "--drafter", str(candidate / "smollm2-mfd" / "final")]
     for temperature, budgets in (("0", "16,32,64,auto"), ("0.7", "16,32,64")):
-        folder = ROOT / CANDIDATE
-        out = folder / f"bench-humaneval-164-T{temperature}"
+        out = candidate / f"bench-humaneval-164-T{temperature}"
         plan.append((f"{CANDIDATE}-bench164-T{temperature}", [
-            "mfd-hub", "bench", "--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter",
-            str(folder / "smollm2-mfd" / "final"), "--temperatures", temperature, "--budgets", budgets,
+            "mfd-hub", "bench", *candidate_drafters, "--temperatures", temperature, "--budgets", budgets,
             "--dtype", "float32", *PINNED, "--out", str(out), "--resume"], out / "results.json"))
     # the README's speed table: what a user of a CPU with native bf16 gets (bf16 speculation, the
     # faster plain decoding as baseline), pinned so that a resume on another CPU keeps the settings
-    out = ROOT / CANDIDATE / "bench-bf16-humaneval-164"
-    plan.append((f"{CANDIDATE}-bench164-bf16", [
-        "mfd-hub", "bench", "--drafter", str(ROOT / CANDIDATE / "smollm2-dpace" / "final"), "--drafter",
-        str(ROOT / CANDIDATE / "smollm2-mfd" / "final"), "--methods", "chain,product,mixture", "--budgets", "16,auto",
-        "--dtype", "bfloat16", *PINNED, "--out", str(out), "--resume"], out / "results.json"))
+    out = candidate / "bench-bf16-humaneval-164"
+    plan.append((f"{CANDIDATE}-bench164-bf16", ["mfd-hub", "bench", *candidate_drafters, "--budgets", "16,auto",
+                                               "--dtype", "bfloat16", *PINNED, "--out", str(out), "--resume"],
+                 out / "results.json"))
     return plan
 
 
