@@ -184,6 +184,11 @@ def render_miniature_card(folder, summary, bench=None, verify_report=None):
                 if rows and "baseline_dtype" in rows[0] else None)
     bench_meta = dict((bench or {}).get("meta", {}))
     bench_meta["temperature"] = 0
+    if bench_meta.get("linears"):
+        # the card shows a command that reruns the bench: an option value, not the report's label
+        from mfd_hub.packed_linear import linears_option
+
+        bench_meta["linears"] = linears_option(bench_meta["linears"])
     checks = (verify_report or {}).get("checks", [])
     verify = None
     if checks:

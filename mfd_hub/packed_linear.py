@@ -158,6 +158,12 @@ def linears_label(packed, linears="auto", models=()):
     return "onednn+bf16" if packs_bf16(linears, models) else "onednn"
 
 
+def linears_option(label):
+    """The ``--linears`` value that produced a report's ``linears_label`` (for a command line that
+    reruns it): "onednn+bf16" came from ``onednn``, "fp16-weights" from ``fp16``."""
+    return {"onednn+bf16": "onednn", "fp16-weights": "fp16"}.get(label, label)
+
+
 @contextlib.contextmanager
 def packed_for_speculation(*models, linears="auto", rows=SPECULATION_ROWS):
     """``packed_linears(model, rows)`` for every one of ``models`` that can take them (fp32 on

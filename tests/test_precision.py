@@ -237,3 +237,16 @@ def test_auto_linears_round_the_weights_to_fp16_only_where_bf16_is_emulated(monk
     targets, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, tiny_drafter(target), ids,
                                                                 linears="fp16")
     assert set(targets) == {torch.float32, torch.bfloat16} and spec_dtype is draft_dtype is torch.float32
+
+
+def test_a_reports_linears_label_maps_back_to_the_option_that_produced_it():
+    """A card reruns a bench from its ``results.json``: the report's label (``onednn+bf16`` where the
+    bf16 plain decoding was packed too) must turn back into a ``--linears`` value the CLI takes."""
+    from mfd_hub.packed_linear import SPECULATION_LINEARS, linears_label, linears_option
+
+    bf16_target = tiny_target("llama").to(torch.bfloat16)
+    labels = {option: linears_label(option != "torch", option, [bf16_target]) for option in ("onednn", "fp16", "torch")}
+    assert labels["fp16"] == "fp16-weights" and labels["torch"] == "torch"
+    for option, label in labels.items():
+        assert linears_option(label) == option and option in SPECULATION_LINEARS
+    assert linears_option(linears_label(True, "onednn", [tiny_target("llama")])) == "onednn"
