@@ -122,7 +122,8 @@ def stages(full_size):
             plan.append((f"{size}-evaluate", ["mfd-hub", "evaluate", str(folder / "smollm2-mfd" / "final"), "--data",
                                            str(HELDOUT), "--json"], evaluation))
     candidate = ROOT / CANDIDATE
-    candidate_drafters = ["--drafter", str(candidate / "smollm2-dpace" / "final"), "--drafter", str(candidate / "smollm2-mfd" / "final")]
+    candidate_drafters = ["--drafter", str(candidate / "smollm2-dpace" / "final"),
+                          "--drafter", str(candidate / "smollm2-mfd" / "final")]
     for temperature, budgets in (("0", "16,32,64,auto"), ("0.7", "16,32,64")):
         out = candidate / f"bench-humaneval-164-T{temperature}"
         plan.append((f"{CANDIDATE}-bench164-T{temperature}", [
