@@ -1,11 +1,12 @@
 """Maintainers: retrain the SmolLM2 miniature's drafters on the regenerated prompt set, stage by
-stage, resumable across sessions (hours of CPU: run it in the background and look in now and then).
+stage, resumable (hours of CPU: run it in the background and look in now and then).
 
     python scripts/retrain_miniature.py status                 # what is done, what runs next, CPU hours
     python scripts/retrain_miniature.py freeze                 # fix the training data: the answers so far
     nohup python scripts/retrain_miniature.py run > runs/retrain.log 2>&1 &
     python scripts/retrain_miniature.py run --only full-       # the stages whose name starts so
     python scripts/retrain_miniature.py commands               # the commands, without running them
+    python scripts/retrain_miniature.py rebuild-doc            # rewrite data/smollm2/retrain/REBUILD.md
 
 Every stage is an `mfd-hub` command (train, bench, evaluate). A finished stage leaves its output
 (`final/`, `results.json`, `evaluate.json`) and is skipped; a training stopped part way resumes
@@ -15,12 +16,16 @@ has written (at least MIN_ANSWERS) in data/smollm2/retrain/data.json, and every 
 first that many (`data.limit`), so a regeneration that goes on writing changes nothing already
 trained.
 
-A session's disk does not outlive it; git does. So the answers (data/smollm2/train, heldout) and
-every stage's output (the trained drafter in bf16, a bench's results and its finished prompts,
-the ledger) live in tracked folders and are committed as they finish (a drafter's remote-code bundle
-is written back by every action of this script, as generated code stays out of git); only the training
-checkpoints (data/smollm2/retrain/**/checkpoints, ignored) and the target's feature store
-(runs/features, rebuilt in minutes) stay on the session's disk.
+Git keeps what a stage measured, never what it trained: the answers (data/smollm2/train,
+heldout), every bench's results and finished prompts, every evaluation, the ledger, and a trained
+drafter's config. The weights themselves (`final/model.safetensors`) are not tracked: a checkpoint
+is rebuilt from its recipe by running its stage again, and data/smollm2/retrain/REBUILD.md lists
+each one's command and CPU hours (`rebuild-doc` writes it from the plan and the ledger). A train
+stage counts as done only when its weights exist, so `run --only NAME` rebuilds a missing one. The
+training checkpoints (data/smollm2/retrain/**/checkpoints) and the target's feature store
+(runs/features, rebuilt in minutes) are not tracked either. The fine-tunes of the shipped run start
+from the shipped base (`DFlash-SmolLM2-135M`, the bf16 copy of that run's stage 1), so they can be
+rebuilt without rebuilding stage 1 first.
 
 Choices, from measurements on the 2-core development machine (README, "Training"):
 - `train.precision=auto`: bf16 autocast on a CPU with native bf16 (AMX-BF16, AVX512-BF16), where a
@@ -68,9 +73,10 @@ STAGE1_STEPS, FINETUNE_STEPS = 600, 225
 BLOCK = 8  # anchor + drafted positions of every retrained drafter
 STAGE1_ANCHORS, FINETUNE_ANCHORS = 32, 16  # anchors per sequence: positions x anchors sets a step's cost
 # the benches' products: fp32 through oneDNN on every machine (what "auto" picks where bf16 is
-# native), so a bench resumed in a later session on another CPU keeps its settings, and tau and
-# the fp32 identity check mean the same at every size
+# native), so a bench resumed on another CPU keeps its settings, and tau and the fp32 identity
+# check mean the same at every size
 PINNED = ("--linears", "onednn")
+SHIPPED_BASE = "DFlash-SmolLM2-135M"  # zoo/'s bf16 copy of CANDIDATE's stage 1
 SAVE_EVERY = 50  # steps between a training's checkpoints: a run stopped part way loses at most this many
 
 
@@ -99,8 +105,10 @@ def stages(full_size):
         folder = ROOT / size
         data = [f"data.train={DATA}", f"data.limit={n}", f"data.features_dir={FEATURES}", "train.precision=auto",
                 f"drafter.block_size={BLOCK}", f"output.save_every={SAVE_EVERY}"]
+        # the shipped run's fine-tunes start from the shipped base; the other sizes', from their own stage 1
+        base = SHIPPED_BASE if size == CANDIDATE else folder / "smollm2-dflash" / "final"
         finetune = [f"train.epochs={epochs(n, FINETUNE_STEPS, 1)}", f"train.anchors_per_sequence={FINETUNE_ANCHORS}",
-                    f"drafter.base={folder / 'smollm2-dflash' / 'final'}"]
+                    f"drafter.base={base}"]
         stage1 = [f"train.epochs={epochs(n, STAGE1_STEPS, 3)}", f"train.anchors_per_sequence={STAGE1_ANCHORS}"]
         if continued_from:  # the architecture comes with the base
             stage1 += [f"drafter.base={ROOT / continued_from / 'smollm2-dflash' / 'final'}", "drafter.config={}"]
@@ -112,7 +120,7 @@ def stages(full_size):
         for recipe, extra in runs.items():
             out = folder / recipe
             plan.append((f"{size}-{recipe.split('-')[1]}", ["mfd-hub", "train", recipe, *data, *extra,
-                                                            f"output.dir={out}"], out / "final" / "config.json"))
+                                                            f"output.dir={out}"], out / "final" / "model.safetensors"))
         drafters = ["--drafter", str(folder / "smollm2-dpace" / "final"), "--drafter", str(folder / "smollm2-mfd" / "final")]
         bench20 = folder / "bench-humaneval-20"
         plan.append((f"{size}-bench20", ["mfd-hub", "bench", *drafters, "--limit", "20", "--budgets", "16,32,64",
@@ -201,10 +209,45 @@ def ledger():
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+REBUILD = ROOT / "REBUILD.md"
+
+
+def rebuild_doc(plan):
+    """REBUILD.md's text: for every train stage, the command that rebuilds its checkpoint and what it
+    cost (the ledger's CPU and wall hours, stopped attempts included)."""
+    cpu, wall = {}, {}
+    for entry in ledger():
+        cpu[entry["stage"]] = cpu.get(entry["stage"], 0.0) + entry["cpu_s"] / 3600
+        wall[entry["stage"]] = wall.get(entry["stage"], 0.0) + entry["wall_s"] / 3600
+    lines = [
+        "# Rebuilding the miniature's training checkpoints",
+        "",
+        "Written by `python scripts/retrain_miniature.py rebuild-doc`; do not edit by hand.",
+        "",
+        "Git keeps what each stage measured (`results.json`, `evaluate.json`, `ledger.jsonl`, the",
+        "benches' prompts) and each trained drafter's `config.json`, not its weights. A checkpoint is",
+        "rebuilt from its recipe: `python scripts/retrain_miniature.py run --only STAGE` runs the",
+        "command below (the training data must be frozen first, see the script's `freeze`). CPU and wall",
+        "hours are the ledger's, every attempt of the stage included, on the 2-core CPUs it ran on.",
+        f"The fine-tunes of `{CANDIDATE}` start from the shipped base `{SHIPPED_BASE}`, the bf16 copy of",
+        f"`{CANDIDATE}`'s stage 1; the measured ones started from the fp32 original, so a rebuilt",
+        "fine-tune is close to the measured one, not bit-identical.",
+        "",
+        "| stage | checkpoint | CPU h | wall h | command |",
+        "|---|---|---|---|---|",
+    ]
+    for name, argv, marker in plan:
+        if argv[1] == "train":
+            lines.append(f"| {name} | `{marker.parent}` | {cpu.get(name, 0.0):.2f} | {wall.get(name, 0.0):.2f} "
+                         f"| `{' '.join(argv)}` |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["status", "freeze", "run", "commands"])
+    parser.add_argument("action", choices=["status", "freeze", "run", "commands", "rebuild-doc"])
     parser.add_argument("--only", default="", help="run only the stages whose name starts with this")
+    parser.add_argument("--check", action="store_true", help="rebuild-doc: fail if REBUILD.md is stale, write nothing")
     args = parser.parse_args(argv)
     frozen = frozen_answers()
     if args.action == "freeze":
@@ -220,6 +263,19 @@ def main(argv):
         print(f"training data: the first {available} answers of {DATA}")
         return 0
     plan = [stage for stage in stages(frozen or MIN_ANSWERS) if stage[0].startswith(args.only)]
+    if args.action == "rebuild-doc":
+        text = rebuild_doc(stages(frozen or MIN_ANSWERS))
+        if args.check:
+            current = REBUILD.read_text(encoding="utf-8") if REBUILD.exists() else ""
+            if current != text:
+                print(f"{REBUILD} is stale: run python {sys.argv[0]} rebuild-doc")
+                return 1
+            return 0
+        temporary = REBUILD.with_suffix(".tmp")
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(REBUILD)
+        print(f"wrote {REBUILD}")
+        return 0
     restore_bundles()
     if args.action == "commands":
         for name, command, _ in plan:

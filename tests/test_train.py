@@ -535,8 +535,8 @@ def test_packaged_recipe_check_prints_the_resolved_recipe(in_workspace):
 def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_compute():
     """scripts/retrain_miniature.py: every train stage is a valid packaged recipe with its
     overrides, D-PACE and MFD get the same data, steps and anchors at every data size, all three the same block, stage 1 runs
-    at least the shipped base's 600 steps, and the bench and evaluate stages parse as commands (the
-    benches with their products pinned)."""
+    at least the shipped base's 600 steps, the shipped run's fine-tunes start from the shipped base,
+    and the bench and evaluate stages parse as commands (the benches with their products pinned)."""
     plan_module = load_script("scripts/retrain_miniature.py")
     plan = plan_module.stages(10_400)
     recipes, trained = {}, set()
@@ -544,6 +544,8 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         # every drafter a stage reads (a base, a bench or evaluate drafter) is trained by an earlier stage
         used = {word.split("=", 1)[-1] for word in argv if word.split("=", 1)[-1].endswith("/final")}
         assert used <= trained, (name, used - trained)
+        if argv[1] == "train":  # done only once its weights exist, so `run` rebuilds a checkpoint git does not keep
+            assert marker.name == "model.safetensors"
         if argv[1] == "train":
             trained.add(str(marker.parent))
         assert argv[0] == "mfd-hub"
@@ -566,17 +568,42 @@ def test_the_miniature_retraining_plan_is_valid_and_gives_the_fine_tunes_equal_c
         assert dpace.drafter.base == mfd.drafter.base == str(Path(dflash.output.dir) / "final")
         assert mfd.drafter.num_modes == 8 and dpace.drafter.num_modes == 0
         assert dflash.drafter.block_size == dpace.drafter.block_size == mfd.drafter.block_size == plan_module.BLOCK
-    # what a stage finishes is kept by git (a session's disk does not outlive it), its checkpoints
-    # and the feature store are not
+    candidate = plan_module.CANDIDATE
+    assert recipes[f"{candidate}-dpace"].drafter.base == recipes[f"{candidate}-mfd"].drafter.base == plan_module.SHIPPED_BASE
+    # what a stage measured is kept by git; its weights, checkpoints and the feature store are not
+    # (a checkpoint is rebuilt from its recipe)
     repo = Path(__file__).resolve().parents[1]
     if (repo / ".git").exists():
         run = Path(recipes["full-dflash"].output.dir)
         paths = [run / "final" / "model.safetensors", run / "checkpoints" / "step-50" / "state.pt",
                  plan_module.FEATURES / "meta.json", plan_module.DATA / "part-00000.jsonl.gz",
-                 plan_module.ROOT / "full" / "bench-humaneval-20" / "progress.jsonl", run / "final" / "modeling_mfd.py"]
+                 plan_module.ROOT / "full" / "bench-humaneval-20" / "progress.jsonl", run / "final" / "modeling_mfd.py",
+                 run / "final" / "config.json"]
         probe = subprocess.run(["git", "check-ignore", "--no-index", *map(str, paths)], cwd=repo,
                                capture_output=True, text=True)
-        assert probe.stdout.split() == [str(paths[1]), str(paths[2]), str(paths[5])]
+        assert probe.stdout.split() == [str(paths[0]), str(paths[1]), str(paths[2]), str(paths[5])]
+
+
+def test_the_rebuild_page_lists_every_checkpoint_and_is_current(tmp_path, monkeypatch):
+    """data/smollm2/retrain/REBUILD.md names every train stage's checkpoint with its command and the
+    ledger's CPU hours, and `rebuild-doc --check` fails, writing nothing, once the plan moves on."""
+    plan_module = load_script("scripts/retrain_miniature.py")
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    assert plan_module.main(["rebuild-doc", "--check"]) == 0
+    page = (repo / plan_module.REBUILD).read_text(encoding="utf-8")
+    plan = plan_module.stages(plan_module.frozen_answers())
+    for name, argv, marker in plan:
+        if argv[1] == "train":
+            row = next(line for line in page.splitlines() if line.startswith(f"| {name} |"))
+            assert f"`{marker.parent}`" in row and f"`{' '.join(argv)}`" in row
+            cost = sum(e["cpu_s"] / 3600 for e in plan_module.ledger() if e["stage"] == name)
+            assert f"| {cost:.2f} |" in row
+    stale = tmp_path / "REBUILD.md"
+    stale.write_text(page.replace("| long-mfd |", "| long-mfd-old |"))
+    monkeypatch.setattr(plan_module, "REBUILD", stale)
+    assert plan_module.main(["rebuild-doc", "--check"]) == 1
+    assert "long-mfd-old" in stale.read_text()
 
 
 def test_the_retraining_writes_the_remote_code_back_into_finished_drafters(tmp_path, monkeypatch):
