@@ -61,23 +61,42 @@ def top_candidates(logits, k, lse=None):
     """
     v = logits.shape[-1]
     k = min(k, v)
-
-    def scores_of(values):
-        return quantize_logprobs(values if lse is None else values.float() - lse[..., None])
-
-    if k < v:
-        take = k + 1
-        while True:
-            vals, ids = _top_values(logits, take)
-            vals = scores_of(vals)
-            if take == v or bool((vals[..., -1] < vals[..., k - 1]).all()):
-                break  # every token tied with the k-th best is among those taken
-            # a tie straddles the cut (common with bf16 logits: 8 significant bits): take more
-            take = min(v, 2 * take)
-    else:
+    if k >= v:
         ids = torch.arange(v, device=logits.device).expand(logits.shape)
-        vals = scores_of(logits)
-    # order ties inside the taken set by id: sort by id, then stably by score; keep the k best
+        return _order_ties(_scores_of(logits, lse), ids, k)
+    rows = logits.reshape(-1, v)
+    # 16-bit logits (8 or 11 significant bits) tie often: a third of bf16 rows straddle the cut at
+    # k + 1, almost none at 1.5 k, which costs a few percent more than k + 1 in one top-k
+    take = min(v, k + 1 + (k // 2 if logits.element_size() == 2 else 0))
+    scores, ids = _exact_top_rows(rows, None if lse is None else lse.reshape(-1), k, take)
+    return scores.reshape(*logits.shape[:-1], k), ids.reshape(*logits.shape[:-1], k)
+
+
+def _scores_of(values, lse):
+    return quantize_logprobs(values if lse is None else values.float() - lse[..., None])
+
+
+def _exact_top_rows(rows, lse, k, take):
+    """``top_candidates`` of rows [R, V] from their float top-``take``. A row whose quantised tie
+    straddles the cut (its last score taken equals its k-th: common with bf16 logits, 8 significant
+    bits) is redone alone with twice as many, until the last one taken ranks strictly below the
+    k-th: the score is monotone in the logit, so every token tied with the k-th is then taken. Only
+    those rows pay for the larger top-k (with K modes the rows are many and few straddle)."""
+    v = rows.shape[-1]
+    vals, ids = _top_values(rows, take)
+    vals = _scores_of(vals, lse)
+    scores, ids = _order_ties(vals, ids, k)
+    if take < v:
+        straddle = (vals[:, -1] >= vals[:, k - 1]).nonzero().flatten()
+        if straddle.numel():
+            redone = _exact_top_rows(rows[straddle], None if lse is None else lse[straddle], k, min(v, 2 * take))
+            scores[straddle], ids[straddle] = redone
+    return scores, ids
+
+
+def _order_ties(vals, ids, k):
+    """The k best of a taken set (vals, ids [..., n]) by (score desc, id asc): sort by id, then
+    stably by score."""
     by_id = torch.sort(ids, dim=-1, stable=True)
     vals, ids = vals.gather(-1, by_id.indices), by_id.values
     by_val = torch.sort(vals, dim=-1, descending=True, stable=True)
@@ -108,9 +127,17 @@ def log_normaliser(logits):
     if x.device.type != "cpu":
         return torch.logsumexp(x, dim=-1)
     rows = x.reshape(-1, x.shape[-1])
-    # a few rows at a time: a softmax output as large as K x 15 rows would cost page faults
-    parts = [r.amax(dim=-1) - torch.softmax(r, dim=-1).amax(dim=-1).log() for r in rows.split(16)]
+    # a few MB of rows at a time: a softmax output as large as K x 15 rows of a 152K vocabulary
+    # would cost page faults, while a small draft vocabulary takes every row in one call
+    parts = [r.amax(dim=-1) - torch.softmax(r, dim=-1).amax(dim=-1).log() for r in rows.split(_rows_per_block(rows))]
     return torch.cat(parts).reshape(x.shape[:-1])
+
+
+BLOCK_BYTES = 4 << 20  # rows handled in one call on CPU: a few MB stay in the cache across passes
+
+
+def _rows_per_block(rows):
+    return max(1, BLOCK_BYTES // (rows.shape[-1] * 4))
 
 
 def draft_candidates(logits, k):
@@ -118,7 +145,8 @@ def draft_candidates(logits, k):
 
     Normalises with ``log_normaliser`` (the same for both backends, so they agree bit for bit),
     then selects with the Triton kernels on CUDA (vocabularies below 2^19) or ``top_candidates``
-    (a few rows at a time: each row block stays in the CPU's cache across the passes over it).
+    (a few MB of rows at a time: each row block stays in the CPU's cache across the passes over it,
+    and the K x positions rows of a small draft vocabulary cost one call, not one per 8 rows).
     """
     if use_triton(logits):
         from .tree_build_triton import candidates_kernel_supports, top_candidates_triton
@@ -126,7 +154,7 @@ def draft_candidates(logits, k):
         if candidates_kernel_supports(logits.shape[-1]):
             return top_candidates_triton(logits, log_normaliser(logits), k)
     rows = logits.reshape(-1, logits.shape[-1])
-    parts = [top_candidates(block, k, log_normaliser(block)) for block in rows.split(8)]
+    parts = [top_candidates(block, k, log_normaliser(block)) for block in rows.split(_rows_per_block(rows))]
     scores, ids = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return scores.reshape(*logits.shape[:-1], -1), ids.reshape(*logits.shape[:-1], -1)
 

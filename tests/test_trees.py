@@ -133,6 +133,23 @@ def test_candidates_on_a_large_vocabulary_equal_a_full_stable_sort(k):
         assert torch.equal(scores, full.values[..., :k]) and torch.equal(ids, full.indices[..., :k])
 
 
+@pytest.mark.parametrize("k", [16, 32])
+def test_candidates_redo_only_straddling_rows_and_stay_exact(k):
+    """The mixture's shape: 8 modes x 7 positions of a 4,096-token draft vocabulary in bf16, where
+    a tie straddles the cut in some rows and not others; the rows redone alone must land back in
+    their places, every row equal to a full stable sort."""
+    g = torch.Generator().manual_seed(k)
+    logits = (torch.randn(8, 7, 4096, generator=g) * 3).bfloat16()
+    lse = log_normaliser(logits)
+    full = quantize_logprobs(logits - lse[..., None]).sort(dim=-1, descending=True, stable=True)
+    straddles = full.values[..., k] == full.values[..., k - 1]
+    assert straddles.any() and not straddles.all()
+    scores, ids = top_candidates(logits, k, lse)
+    assert torch.equal(scores, full.values[..., :k]) and torch.equal(ids, full.indices[..., :k])
+    got = draft_candidates(logits, k)
+    assert torch.equal(got[0], scores) and torch.equal(got[1], ids)
+
+
 def test_candidates_from_raw_logits_equal_those_from_log_probs():
     logits = torch.randint(-3, 3, (3, 4, 50)).float() * 0.7 + 2.0  # many ties
     lse = torch.logsumexp(logits, -1)
