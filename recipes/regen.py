@@ -662,7 +662,7 @@ ENGINES = {"continuous": ContinuousEngine, "generate": TransformersEngine}
 DEFAULT_BATCH = {"continuous": 128, "generate": 8, "openai": 8}
 # A bf16 target on a CPU with native bf16 multiplies faster the more rows it has (AMX tiles):
 # SmolLM2 on 2 cores of an AMX Xeon, 16 prompts side by side with the original engine, 128 / 256
-# / 384 rows gave 799 / 831-858 / 926 tok/s (README, "Training: regen and train"). The rows' KV
+# / 384 rows gave 799 / 831-858 / 926 tok/s (docs/training.md, "regen's speed"). The rows' KV
 # room is allocated up front, so they are taken only while it fits in NATIVE_BF16_CACHE_BYTES.
 NATIVE_BF16_ROWS = 384
 NATIVE_BF16_CACHE_BYTES = 6 << 30  # 128 rows of 2,048-token answers took 6.5 GB before

@@ -1,6 +1,7 @@
 """The documentation runs: every ``mfd-hub`` command it shows is executed here.
 
-Collected: the commands in README.md's shell code blocks, in every command's ``--help`` examples
+Collected: the commands in the shell code blocks of README.md and of every page under ``docs/``
+(``docs/**/*.md``: a new page is covered as soon as it exists), in every command's ``--help`` examples
 (the ``examples(...)`` epilogs) and in the generated model cards -- ``mfd-hub card NAME`` of every
 registry drafter and the shipped miniature cards ``zoo/*/README.md`` (code blocks and inline
 code spans). Each collected command must be accounted for in exactly one table below:
@@ -130,10 +131,20 @@ def commands_in_help():
     return out
 
 
+README_MAX_LINES = 300  # the README is a front door; the rest lives in docs/
+
+
+def documentation_pages(root=REPO):
+    """The markdown pages whose shell blocks are documentation: README.md, then every
+    ``docs/**/*.md`` in path order (a page added under docs/ is collected without listing it)."""
+    root = Path(root)
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
 @functools.lru_cache(maxsize=4)
 def collect(readme=None):
-    """{command: set of the places that show it} over README.md (or the ``readme`` text given),
-    every --help and every card."""
+    """{command: set of the places that show it} over README.md (or the ``readme`` text given in
+    its place), every page under docs/, every --help and every card."""
     from mfd_hub.cards.model_card import render_card
     from mfd_hub.cards.registry import load_registry
     from mfd_hub.zoo.shipped import CARD, SHIPPED_DRAFTERS, zoo_dir
@@ -144,8 +155,10 @@ def collect(readme=None):
         for command in commands:
             found.setdefault(command, set()).add(place)
 
-    add(commands_in_markdown((REPO / "README.md").read_text(encoding="utf-8") if readme is None else readme),
-        "README.md")
+    for page in documentation_pages():
+        place = page.relative_to(REPO).as_posix()
+        text = readme if place == "README.md" and readme is not None else page.read_text(encoding="utf-8")
+        add(commands_in_markdown(text), place)
     for place, commands in commands_in_help().items():
         add(commands, place)
     registry = load_registry()
@@ -336,7 +349,7 @@ IN_A_PROCESS_OF_ITS_OWN = {
     "mfd-hub info MFD-SmolLM2-135M",
     "mfd-hub generate --drafter MFD-SmolLM2-135M --target smollm2 'Write a palindrome check.'",
 }
-# command -> the command whose workspace it continues in (README: "--resume finishes it")
+# command -> the command whose workspace it continues in (docs/training.md: "--resume finishes it")
 AFTER = {"mfd-hub train my-recipe.yaml --resume": "mfd-hub train my-recipe.yaml --stop-after 100"}
 
 
@@ -443,7 +456,7 @@ def build_fixtures(root):
         targets[repo] = _stand_in_target(shape.vocab_size, shape.num_hidden_layers)
         snapshot = save_tiny_target(_hub_snapshot(hf_home, repo), targets[repo])
     os.symlink(snapshot, fx / "Qwen3-4B")
-    # published drafters (their card lines) under their repo ids, and local folders of the README's names
+    # published drafters (their card lines) under their repo ids, and local folders of the names the documentation uses
     for name, target_repo in (("MFD-Qwen3-8B", "Qwen/Qwen3-8B"), ("MFD-D-Qwen3-4B", "Qwen/Qwen3-4B")):
         drafter = registry.get(name)
         save_draft(_registry_drafter(drafter, targets[target_repo]), _hub_snapshot(hf_home, drafter.repo_id),
@@ -706,10 +719,26 @@ Run `mfd-hub info B` or `pip install x`.
     assert commands_in_markdown(text, inline=True)[-1] == "mfd-hub info B"
 
 
+def test_the_readme_is_a_front_door():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move reference text to docs/"
+
+
+def test_every_page_under_docs_is_collected(tmp_path):
+    """A page anywhere under docs/ is documentation without being listed: the collector finds it
+    by walking the folder, beside the README (and nothing outside docs/)."""
+    for page in ("README.md", "docs/a.md", "docs/deep/er/b.md", "docs/notes.txt", "other/c.md"):
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text("```bash\nmfd-hub list\n```\n", encoding="utf-8")
+    found = [p.relative_to(tmp_path).as_posix() for p in documentation_pages(tmp_path)]
+    assert found == ["README.md", "docs/a.md", "docs/deep/er/b.md"]
+
+
 def test_every_documented_command_is_accounted_for():
     collected = collect()
     places = {p for where in collected.values() for p in where}
     assert "README.md" in places and "mfd-hub verify --help" in places
+    assert any(p.startswith("docs/") for p in places)
     assert any(p.startswith("mfd-hub card ") for p in places) and any(p.startswith("zoo/") for p in places)
     assert account(collected) == []
 
