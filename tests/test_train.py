@@ -627,7 +627,7 @@ def test_the_retraining_writes_the_remote_code_back_into_finished_drafters(tmp_p
 
 def test_stopping_the_retraining_stops_its_running_stage_and_logs_its_cost(tmp_path):
     """A plain `kill` of scripts/retrain_miniature.py ends the stage it runs (the child process with
-    it, not left running beside the next session's) and still writes the stage's ledger line."""
+    it, not left running beside the next run's) and still writes the stage's ledger line."""
     import signal
     import time
 
