@@ -38,10 +38,10 @@ def _read_tensors(folder, names):
 def plan_released(source, raw, shapes, mapping):
     """The ReleasedLayout of a released folder, checked against the drafter it becomes: every kept
     tensor has a place of the right shape, and every place is filled (a missing gate excepted)."""
-    from mfd_hub.verify import _expected_tensors as expected_tensors  # verify's list of what a drafter holds
+    from mfd_hub.verify import FLOAT_DTYPES, _expected_tensors  # verify's list of what a drafter holds
 
     layout = released_layout(raw, shapes, mapping, source=source)
-    expected = {name: shape for name, (_, shape) in expected_tensors(layout.config).items()}
+    expected = _expected_tensors(layout.config)
     wrong = sorted(f"{old}={new}" for old, new in mapping.items() if new != DROP and layout.names[old] not in expected)
     if wrong:
         raise UsageError(f"--map {wrong[0]}: {wrong[0].split('=', 1)[1]} is not a tensor of the converted drafter "
@@ -53,9 +53,13 @@ def plan_released(source, raw, shapes, mapping):
             f"--map OLD=NEW (NEW a drafter tensor such as {GATE_WEIGHT}) or drop it on purpose with --map OLD=-"
         )
     for old, new in sorted(layout.names.items()):
-        have = shapes[old][1]
-        if new != "default_embed" and have != expected[new]:
-            raise MfdHubError(f"{source}: {old} has shape {list(have)}, expected {list(expected[new])} for {new}")
+        (want_dtype, want_shape), (have_dtype, have_shape) = expected[new], shapes[old]
+        if new != "default_embed" and have_shape != want_shape:
+            raise MfdHubError(f"{source}: {old} has shape {list(have_shape)}, expected {list(want_shape)} for {new}")
+        stored_kind = "float" if have_dtype in FLOAT_DTYPES else have_dtype
+        want_kind = "float" if want_dtype.is_floating_point else {torch.int64: "I64", torch.bool: "BOOL"}[want_dtype]
+        if stored_kind != want_kind:
+            raise MfdHubError(f"{source}: {old} is stored as {have_dtype}, expected {want_kind} for {new}")
     placed = set(layout.names.values())
     missing = sorted(set(expected) - placed - {GATE_WEIGHT})
     if missing:

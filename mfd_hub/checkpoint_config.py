@@ -283,6 +283,12 @@ def released_layout(raw, shapes, mapping=None, source="the checkpoint"):
     if default_name is not None and shapes[default_name][1] not in ((hidden,), (1, hidden)):
         raise MfdHubError(f"{source}: {default_name} (the default path) has shape "
                           f"{list(shapes[default_name][1])}, expected [{hidden}]")
+    if "d2t" in by_role:  # a reduced draft vocabulary (d2t / t2d, DESIGN §3): its size is d2t's length
+        d2t_shape = shapes[by_role["d2t"]][1]
+        if len(d2t_shape) != 1 or not 0 < d2t_shape[0] <= config.vocab_size:
+            raise MfdHubError(f"{source}: {by_role['d2t']} has shape {list(d2t_shape)}, expected [N] with N <= "
+                              f"{config.vocab_size}")
+        config.draft_vocab_size = int(d2t_shape[0])
     config.num_modes = k
     config.default_path = default_name is not None
     config.mode_gate_bias = GATE_BIAS in by_role

@@ -177,8 +177,9 @@ def save_released_layout(drafter, folder, default_name="default_mode_embed", mod
 
     mode_embed_name: ``mode_embed`` or ``mode_embed.weight``. k_field: ``{"name": K}`` or
     ``{"dflash_config": {"name": K}}``, merged into the config (where a release states K).
-    extra_tensors: more tensors to store as they are. dtype: the weights' dtype (default: the
-    drafter's own), so a bf16 drafter gives the bf16 files the authors publish.
+    extra_tensors: more tensors to store as they are. dtype: the floating-point weights' dtype
+    (default: the drafter's own), e.g. bf16 as the authors publish them. A draft vocabulary
+    (``lm_head``, ``d2t``, ``t2d``) is stored as it is.
     """
     from safetensors.torch import save_file
 
@@ -193,7 +194,8 @@ def save_released_layout(drafter, folder, default_name="default_mode_embed", mod
     raw["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
     names = {"mode_embed": mode_embed_name, "default_embed": default_name}
-    weights = {names.get(k, k): v.detach().to(dtype or v.dtype).contiguous() for k, v in drafter.state_dict().items()}
+    cast = (lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+    weights = {names.get(k, k): cast(v.detach()).contiguous() for k, v in drafter.state_dict().items()}
     weights.update(extra_tensors or {})
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
