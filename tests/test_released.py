@@ -273,3 +273,41 @@ def test_map_renames_and_drops_on_purpose_and_an_absent_gate_becomes_zeros(relea
     assert summary["mode_gate"] == "absent in the source: zeros"
     out = weights(tmp_path / "zero-gate")
     assert not out["mode_gate.weight"].any() and torch.equal(out["mode_embed"], tensors["mode_embed"])
+
+
+@pytest.mark.slow
+def test_smollm2_shipped_drafter_round_trips_bit_for_bit_and_decodes_identically(tmp_path):
+    """The shipped MFD drafter (K = 8, bf16, a draft vocabulary) given a default path (a copy of
+    mode 3), exported in the released layout and converted back: the shipped bits, and on the
+    real SmolLM2 target the same tokens, acceptance lengths and tree sizes as before, equal to
+    greedy, for chain, product and mixture and for the default path."""
+    from mfd_hub.converters import convert_released
+    from mfd_hub.converters.common import build_drafter, copy_config
+    from mfd_hub.targets import encode_prompt, load_target
+    from mfd_hub.zoo.shipped import zoo_folder
+
+    shipped = load_draft(zoo_folder("MFD-SmolLM2-135M"))  # float32 holding the stored bf16 values exactly
+    state = {**shipped.state_dict(), "default_embed": shipped.mode_embed[3].detach().clone()}
+    native = build_drafter(copy_config(shipped.config, default_path=True), state)
+    save_released_layout(native, tmp_path / "released", dtype=torch.bfloat16)
+    summary = convert_released(tmp_path / "released", tmp_path / "converted")
+    assert summary["num_modes"] == K and summary["dtype"] == "bfloat16"
+    stored = weights(tmp_path / "converted")
+    for name, tensor in load_file(zoo_folder("MFD-SmolLM2-135M") / "model.safetensors").items():
+        assert stored[name].dtype == tensor.dtype and torch.equal(stored[name], tensor), name
+    converted = load_draft(tmp_path / "converted")
+    assert converted.config.draft_vocab_size == shipped.config.draft_vocab_size and converted.config.default_path
+
+    target, tokenizer = load_target("smollm2")
+    ids = encode_prompt(tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+    new_tokens = 16
+    want = greedy_decode(target, ids, new_tokens)
+    longest = 0
+    for method, mode, budget in (("chain", None, 8), ("product", None, 12), ("mixture", None, 16),
+                                 ("chain", "default", 8)):
+        runs = [drafter.spec_generate(target, ids, max_new_tokens=new_tokens, method=method, tree_budget=budget,
+                                      mode=mode) for drafter in (native, converted)]
+        before, after = ((r.new_tokens, r.acceptance_lengths, r.tree_sizes) for r in runs)
+        assert after == before and before[0] == want, (method, mode)
+        longest = max(longest, *before[1])
+    assert longest > 1  # trained modes get runs accepted: equal acceptance lengths say something
