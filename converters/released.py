@@ -80,7 +80,7 @@ def convert_released(source, out, name_map=(), dtype=None, revision=None, max_sh
         raise MfdHubError(f"{source} is already an mfd-hub checkpoint, not a {RELEASED_FORMAT} one")
     shapes = tensor_shapes(folder)
     layout = plan_released(source, raw, shapes, mapping)
-    source_dtype = stored_float_dtype(folder)
+    source_dtype = stored_float_dtype(folder, names=set(layout.names))  # what --map drops does not count
     stored = _read_tensors(folder, set(layout.names))
     state = {}
     for old, new in layout.names.items():

@@ -128,16 +128,18 @@ DROP = "-"  # --map OLD=- drops OLD on purpose
 
 def tensor_shapes(folder):
     """{tensor name: (safetensors dtype, shape)} over a folder's .safetensors headers (no weights
-    read; a file whose header does not parse is left to the loaders, which report it)."""
-    from .verify import HeaderError, read_safetensors_header
+    read, no torch; a file whose header does not parse is left to the loaders, which report it)."""
+    from safetensors import SafetensorError, safe_open
 
     shapes = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         try:
-            entries = read_safetensors_header(file)
-        except (HeaderError, OSError):
+            with safe_open(str(file), framework="numpy") as handle:
+                for name in handle.keys():
+                    view = handle.get_slice(name)
+                    shapes[name] = (view.get_dtype(), tuple(view.get_shape()))
+        except (SafetensorError, OSError):
             continue
-        shapes.update({name: (dtype, tuple(shape)) for name, (dtype, shape, _, _) in entries.items()})
     return shapes
 
 

@@ -105,8 +105,8 @@ def convert_zlab_command(source, out, num_modes, seed, mode_std, gate_std, dtype
     "released",
     epilog=examples(
         "mfd-hub convert released ./MFD-Qwen3-8B-released ./MFD-Qwen3-8B",
-        "mfd-hub convert released ./MFD-D-Qwen3-4B-released ./MFD-D-Qwen3-4B --map default_vec=default_embed --json",
-        "mfd-hub convert released ./MFD-Qwen3-8B-released ./MFD-Qwen3-8B --map mode_gate.scale=- --dtype float32",
+        "mfd-hub convert released ./MFD-D-Qwen3-8B-released ./MFD-D-Qwen3-8B --map default_vector=default_embed "
+        "--map gate_temperature=- --json",
     ),
 )
 @drafter_argument("source", "SOURCE")
