@@ -9,11 +9,12 @@ headers (``released_layout``); ``mfd-hub convert released`` turns it into ours.
 """
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import MfdHubError
+from .errors import MfdHubError, UsageError
 from .remote.configuration_mfd import MODEL_TYPE, DFlashConfig
 
 CONFIG_NAME = "config.json"
@@ -114,7 +115,7 @@ def config_from_zlab(raw):
 
 # ---- the released MFD layout ----------------------------------------------------------------------
 RELEASED_FORMAT = "released MFD (DFlash format with modes)"
-# The authors do not publish which config field states K: every spelling seen or plausible, at the
+# The authors do not publish which config field states K: every plausible spelling, at the
 # top level or inside one of these sections, is cross-checked against mode_embed's shape.
 K_FIELDS = ("num_modes", "num_mode_embeddings", "n_modes", "mfd_num_modes", "num_futures", "K")
 K_SECTIONS = ("dflash_config", "mfd_config")
@@ -124,6 +125,7 @@ GATE_WEIGHT, GATE_BIAS = "mode_gate.weight", "mode_gate.bias"
 DEFAULT_PATH_NAMES = ("default_embed", "default_mode_embed", "default_mode_embed.weight", "default_path_embed",
                       "mode_default", "default_mode")
 DROP = "-"  # --map OLD=- drops OLD on purpose
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # owner/name, in the characters the Hub allows
 
 
 def tensor_shapes(folder):
@@ -168,7 +170,7 @@ def convert_command(spec):
 
 
 def _looks_like_hub_id(spec):
-    return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+    return bool(_HUB_ID.match(spec)) and not spec.startswith(".") and not Path(spec).exists()
 
 
 def released_refusal(raw, shapes, spec):
@@ -205,8 +207,6 @@ class ReleasedLayout:
 
 def parse_name_map(items):
     """``--map OLD=NEW`` values -> {OLD: NEW} (NEW ``-`` drops OLD)."""
-    from .errors import UsageError
-
     mapping = {}
     for item in items or ():
         old, sep, new = str(item).partition("=")
@@ -236,8 +236,6 @@ def released_layout(raw, shapes, mapping=None, source="the checkpoint"):
     MfdHubError line for the first thing that does not fit: K stated otherwise by the config, a
     mode tensor of the wrong shape, a --map naming a tensor that is not there. Tensors outside the
     mode roles keep their names; the caller checks those against the drafter's own."""
-    from .errors import UsageError
-
     mapping = dict(mapping or {})
     absent = sorted(old for old in mapping if old not in shapes)
     if absent:
@@ -269,7 +267,7 @@ def released_layout(raw, shapes, mapping=None, source="the checkpoint"):
         raise MfdHubError(f"{source}: {by_role['mode_embed']} has shape {list(embed_shape)}, expected [K, {hidden}]")
     k = int(embed_shape[0])
     stated = _stated_k(raw)
-    disagree = {where: value for where, value in stated.items() if value != k}
+    disagree = {where: value for where, value in stated.items() if str(value).strip() != str(k)}  # "8" states 8 too
     if disagree:
         where, value = next(iter(disagree.items()))
         raise MfdHubError(f"{source}: config field {where} says K={value!r}, but {by_role['mode_embed']} holds "

@@ -245,6 +245,13 @@ def test_load_draft_refuses_the_unconverted_folder(released):
         load_draft(source)
 
 
+def test_the_printed_command_converts_what_the_user_named():
+    from mfd_hub.checkpoint_config import convert_command
+
+    assert convert_command("authors/MFD-Qwen3-8B") == f"{CONVERT} authors/MFD-Qwen3-8B ./MFD-Qwen3-8B-mfd"  # a Hub id
+    assert convert_command("my drafters/MFD/") == f"{CONVERT} 'my drafters/MFD' 'my drafters/MFD-mfd'"
+
+
 def test_map_renames_and_drops_on_purpose_and_an_absent_gate_becomes_zeros(released, tmp_path):
     """A gate stored under another name and an extra tensor: placed and dropped by --map, both
     recorded; a folder without any gate converts with a zero gate, recorded too."""
@@ -311,3 +318,21 @@ def test_smollm2_shipped_drafter_round_trips_bit_for_bit_and_decodes_identically
         assert after == before and before[0] == want, (method, mode)
         longest = max(longest, *before[1])
     assert longest > 1  # trained modes get runs accepted: equal acceptance lengths say something
+
+
+def test_the_docs_example_writes_a_folder_verify_refuses_as_the_docs_show(tmp_path, monkeypatch):
+    """docs/released-drafters.md: its Python block writes the released folder its commands use,
+    and verify refuses that folder with the line the page prints."""
+    import re
+    from pathlib import Path
+
+    from mfd_hub.verify import verify_checkpoint
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "released-drafters.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.+?)```", page, re.DOTALL)[1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "released-drafters.md", "exec"), {})
+    report = verify_checkpoint("./MFD-Qwen3-8B-released")
+    (failed,) = report.failures()
+    line = f"error: ./MFD-Qwen3-8B-released failed 1 check(s): {failed.name} ({failed.reason})"
+    assert line in page
