@@ -63,7 +63,8 @@ def plan_released(source, raw, shapes, mapping):
     placed = set(layout.names.values())
     missing = sorted(set(expected) - placed - {GATE_WEIGHT})
     if missing:
-        raise MfdHubError(f"{source} lacks tensor(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        raise MfdHubError(f"{source} lacks tensor(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} (stored under "
+                          "another name? --map OLD=NEW places it)")
     return layout
 
 
