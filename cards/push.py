@@ -245,6 +245,7 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
 
     from mfd_hub.cards.model_card import render_card
     from mfd_hub.cards.registry import load_registry
+    from mfd_hub.checkpoint_config import refuse_released
     from mfd_hub.locate import resolve_drafter
 
     registry = registry or load_registry()
@@ -255,6 +256,7 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
         folder = Path(name)
         if not folder.is_dir():
             raise UsageError(f"{folder} is not a checkpoint folder (pass --path)")
+    refuse_released(folder, path or name)  # before verify, which would only name the failed check
     repo_id = repo_id or drafter.repo_id
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise UsageError(f"--repo-id must be owner/name, not {repo_id!r}")

@@ -30,14 +30,15 @@ def build_drafter(config, state_dict):
     return model.eval()
 
 
-def stored_float_dtype(folder):
-    """The floating-point dtype a checkpoint folder's safetensors weights are stored in."""
+def stored_float_dtype(folder, names=None):
+    """The floating-point dtype a checkpoint folder's safetensors weights (those in ``names``,
+    when given) are stored in."""
     from safetensors import safe_open
 
     found = set()
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            found.update(handle.get_slice(name).get_dtype() for name in handle.keys())
+            found.update(handle.get_slice(n).get_dtype() for n in handle.keys() if names is None or n in names)
     floats = sorted({_SAFETENSORS_FLOATS[d] for d in found if d in _SAFETENSORS_FLOATS}, key=str)
     if len(floats) != 1:
         raise MfdHubError(f"{folder}: weights stored in {sorted(found)}, not one floating-point dtype")

@@ -15,6 +15,7 @@ The choice is recorded in ``mfd_metadata['default_path_init']``; training then r
 import torch
 
 from mfd_hub.checkpoint import load_draft, save_draft
+from mfd_hub.checkpoint_config import refuse_released
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
@@ -52,6 +53,7 @@ def convert_mfd_d(source, out, default_from="zeros", dtype=None, max_shard_size=
     """Write ``source``'s drafter with a default path (MFD-D) at ``out``; returns a summary dict."""
     kind, index = parse_default_from(default_from)
     folder = resolve_drafter(source)
+    refuse_released(folder, source)  # named as the user wrote it, not as its resolved folder
     drafter = load_draft(folder, dtype=torch.float32)
     if drafter.config.default_path:
         raise MfdHubError(f"{source} is already an MFD-D drafter (it has a default path)")

@@ -11,7 +11,7 @@ arguments give the same checkpoint.
 import torch
 
 from mfd_hub.checkpoint import load_draft, save_draft
-from mfd_hub.checkpoint_config import checkpoint_format, read_config_dict
+from mfd_hub.checkpoint_config import checkpoint_format, read_config_dict, refuse_released
 from mfd_hub.locate import resolve_drafter
 from mfd_hub.errors import MfdHubError, UsageError
 
@@ -37,8 +37,10 @@ def convert_zlab(source, out, num_modes=8, seed=0, mode_std=None, gate_std=None,
     if num_modes < 0:
         raise UsageError("--modes must be >= 0")
     folder = resolve_drafter(source, revision)
-    if checkpoint_format(read_config_dict(folder)) != "zlab":
+    raw = read_config_dict(folder)
+    if checkpoint_format(raw) != "zlab":
         raise MfdHubError(f"{source} is already an mfd-hub checkpoint, not a z-lab DFlash one")
+    refuse_released(folder, source, raw)  # fresh random modes would replace its trained ones
     source_dtype = stored_float_dtype(folder)
     base = load_draft(folder, dtype=torch.float32)  # float32 holds bf16/fp16 values exactly
     state = base.state_dict()

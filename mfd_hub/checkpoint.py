@@ -7,7 +7,8 @@ and transformers installed.
 
 z-lab's format (DESIGN §3): ``model_type: qwen3``, ``architectures: [DFlashDraftModel]``,
 ``dflash_config: {mask_token_id, target_layer_ids}``, the same weight names. It loads into the
-same class with ``num_modes = 0``.
+same class with ``num_modes = 0``. The MFD authors' released layout (z-lab's plus mode tensors)
+is refused with the command that converts it (``mfd-hub convert released``).
 """
 
 import json
@@ -19,7 +20,7 @@ from .atomic import atomic_directory
 from .bundle import AUTO_MAP, write_bundle
 from .errors import MfdHubError
 from .locate import resolve_drafter
-from .checkpoint_config import CONFIG_NAME, checkpoint_format, config_from_zlab, read_config_dict
+from .checkpoint_config import CONFIG_NAME, checkpoint_format, config_from_zlab, read_config_dict, refuse_released
 from .remote.configuration_mfd import DFlashConfig
 from .remote.modeling_mfd import DFlashDraftModel
 
@@ -37,6 +38,7 @@ def load_draft(path_or_repo, dtype=torch.float32, device=None, revision=None):
     raw = read_config_dict(folder)
     fmt = checkpoint_format(raw)
     if fmt == "zlab":
+        refuse_released(folder, path_or_repo, raw)  # its modes would be "unexpected" weights: say what it is
         config = config_from_zlab(raw)
     else:
         try:

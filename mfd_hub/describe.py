@@ -44,10 +44,20 @@ def describe_checkpoint(path):
     from safetensors import safe_open
 
     from .bundle import bundle_version_of
+    from .checkpoint_config import (
+        DEFAULT_PATH_NAMES, RELEASED_FORMAT, convert_command, read_config_dict, released_mode_count, tensor_shapes,
+    )
     from .locate import resolve_drafter
 
     folder = resolve_drafter(path)
     fmt, config = checkpoint_config(folder)
+    format_name, extra = ("mfd-hub" if fmt == "mfd" else "z-lab DFlash"), {}
+    if fmt == "zlab":
+        shapes = tensor_shapes(folder)
+        k = released_mode_count(read_config_dict(folder), shapes)
+        if k is not None:  # z-lab's layout plus trained modes: say so, and how to make it ours
+            config.num_modes, config.default_path = k, any(n in shapes for n in DEFAULT_PATH_NAMES)
+            format_name, extra = RELEASED_FORMAT, {"convert": convert_command(path)}
     params, dtypes = 0, set()
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
@@ -59,9 +69,10 @@ def describe_checkpoint(path):
     bundle_version = bundle_version_of(config_py.read_text(encoding="utf-8")) if config_py.exists() else None
     return {
         "path": str(folder),
-        "format": "mfd-hub" if fmt == "mfd" else "z-lab DFlash",
+        "format": format_name,
         **config_summary(config),
         "parameters": params,
         "weight_dtypes": sorted(dtypes),
         "bundle_version": bundle_version,
+        **extra,
     }

@@ -1,5 +1,5 @@
 """Tiny real models for tests, examples and benchmarks: random-weight transformers targets and
-matching drafters, and a writer of z-lab-format checkpoints.
+matching drafters, and writers of z-lab-format and released-MFD-format checkpoints.
 
 Everything here builds real transformers / mfd-hub modules from configs; nothing is mocked.
 """
@@ -164,6 +164,39 @@ def write_zlab_checkpoint(folder, config, state_dict, dtype=torch.bfloat16, is_c
         raw["is_causal"] = is_causal
     (folder / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
     weights = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items() if k not in ("mode_embed",)}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def save_released_layout(drafter, folder, default_name="default_mode_embed", mode_embed_name="mode_embed",
+                         k_field=None, extra_tensors=None, dtype=None):
+    """Write ``drafter`` (an MFD or MFD-D DFlashDraftModel) in the layout the MFD authors release
+    drafters in: z-lab's config.json and one model.safetensors holding z-lab's tensors plus
+    ``mode_embed`` [K, H], ``mode_gate.weight`` (and ``.bias`` when the drafter's gate has one)
+    and, for MFD-D, the default path under ``default_name``.
+
+    mode_embed_name: ``mode_embed`` or ``mode_embed.weight``. k_field: ``{"name": K}`` or
+    ``{"dflash_config": {"name": K}}``, merged into the config (where a release states K).
+    extra_tensors: more tensors to store as they are. dtype: the floating-point weights' dtype
+    (default: the drafter's own), e.g. bf16 as the authors publish them. A draft vocabulary
+    (``lm_head``, ``d2t``, ``t2d``) is stored as it is.
+    """
+    from safetensors.torch import save_file
+
+    config = drafter.config
+    if not config.num_modes:
+        raise ValueError("a released MFD drafter has modes: num_modes must be > 0")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = zlab_config_dict(config)
+    for key, value in (k_field or {}).items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
+    raw["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
+    names = {"mode_embed": mode_embed_name, "default_embed": default_name}
+    cast = (lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+    weights = {names.get(k, k): cast(v.detach()).contiguous() for k, v in drafter.state_dict().items()}
+    weights.update(extra_tensors or {})
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 

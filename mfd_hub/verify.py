@@ -169,8 +169,9 @@ def _natural(value):
 class _Checkpoint:
     """What the checks learn about the folder as they go (each check reads what it needs)."""
 
-    def __init__(self, folder, allowed_root):
+    def __init__(self, folder, allowed_root, spec=None):
         self.folder = folder
+        self.spec = folder if spec is None else spec  # how the user named it, for commands we print
         self.allowed_root = allowed_root
         self.readable = set()  # files inside the folder that are safe to open
         self.headers = {}  # file name -> header entries
@@ -268,7 +269,7 @@ def check_index(ck):
 
 
 def check_config(ck):
-    from .checkpoint_config import CONFIG_NAME, checkpoint_format, config_from_zlab
+    from .checkpoint_config import CONFIG_NAME, checkpoint_format, config_from_zlab, released_refusal
     from .errors import MfdHubError
     from .remote.configuration_mfd import REQUIRED_FIELDS, DFlashConfig, drafter_config_problems
 
@@ -280,6 +281,11 @@ def check_config(ck):
         raise CheckFailed(f"{CONFIG_NAME} is not JSON ({type(err).__name__})") from None
     if not isinstance(raw, dict):
         raise CheckFailed(f"{CONFIG_NAME} is not a JSON object")
+    shapes = {name: (dtype, tuple(shape)) for entries in ck.headers.values()
+              for name, (dtype, shape, _, _) in entries.items()}
+    released = released_refusal(raw, shapes, ck.spec)
+    if released:  # never a generic tensor mismatch: say what the folder is and how to convert it
+        raise CheckFailed(released)
     try:
         ck.format = checkpoint_format(raw)
         if ck.format == "mfd":
@@ -625,7 +631,7 @@ def verify_checkpoint(path, target=None, listener=None):
     except MfdHubError as err:
         report.add("files", FAIL, str(err))
         return report
-    ck = _Checkpoint(folder, _allowed_root(folder))
+    ck = _Checkpoint(folder, _allowed_root(folder), spec=path)
     if target is not None:
         from .targets import target_config
 

@@ -24,6 +24,7 @@ TAKES_A_DRAFTER = {
     ("generate",): "--drafter DRAFTER", ("bench",): "--drafter DRAFTER", ("demo",): "--drafter DRAFTER",
     ("verify",): "DRAFTER", ("info",): "DRAFTER", ("card",): "--path DRAFTER", ("push",): "--path DRAFTER",
     ("convert", "zlab"): "SOURCE", ("convert", "draft-vocab"): "SOURCE", ("convert", "mfd-d"): "SOURCE",
+    ("convert", "released"): "SOURCE",
 }
 
 

@@ -186,6 +186,9 @@ RUN_AS_WRITTEN = {
     "mfd-hub convert mfd-d ./MFD-Qwen3-8B ./MFD-D-Qwen3-8B --default-from mode:0",
     "mfd-hub convert mfd-d ./MFD-Qwen3-4B ./MFD-D-Qwen3-4B-init --default-from zeros --json",
     "mfd-hub convert zlab ./Qwen3-4B-DFlash-b16 ./mfd-4b --modes 8 --seed 1 --target-name Qwen/Qwen3-4B --json",
+    "mfd-hub convert released ./MFD-Qwen3-8B-released ./MFD-Qwen3-8B",
+    "mfd-hub convert released ./MFD-D-Qwen3-8B-released ./MFD-D-Qwen3-8B --map default_vector=default_embed "
+    "--map gate_temperature=- --json",
     "mfd-hub train --list",
     "mfd-hub train MFD-Qwen3-8B data.train=data/qwen3-8b.jsonl --check",
     "mfd-hub train my-recipe.yaml --resume",
@@ -442,7 +445,9 @@ def build_fixtures(root):
     from mfd_hub.cards.registry import load_registry
     from mfd_hub.recipes.regen import regenerate
     from mfd_hub.recipes.train_checkpoint import save_model_state, save_train_config
-    from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target, tiny_tokenizer, write_zlab_checkpoint
+    from mfd_hub.testing import (
+        save_released_layout, save_tiny_target, tiny_drafter, tiny_target, tiny_tokenizer, write_zlab_checkpoint,
+    )
 
     fx, hf_home = root / "fixtures", root / "hf_home"
     fx.mkdir()
@@ -472,6 +477,15 @@ def build_fixtures(root):
                                (fx / "Qwen3-4B-DFlash-b16", "Qwen/Qwen3-4B")):
         base = tiny_drafter(targets[target_repo], num_modes=0, block_size=16, target_layer_ids=[1, 9, 17, 25, 33])
         write_zlab_checkpoint(where, base.config, base.state_dict())
+
+    # drafters in the layout their authors release them in (DFlash format with K mode embeddings); the MFD-D one
+    # names its default path and carries a tensor of no role, as the --map example expects
+    released = registry.get("MFD-Qwen3-8B"), registry.get("MFD-D-Qwen3-8B")
+    save_released_layout(_registry_drafter(released[0], targets["Qwen/Qwen3-8B"]), fx / "MFD-Qwen3-8B-released",
+                         dtype=torch.bfloat16)
+    save_released_layout(_registry_drafter(released[1], targets["Qwen/Qwen3-8B"]), fx / "MFD-D-Qwen3-8B-released",
+                         default_name="default_vector", dtype=torch.bfloat16,
+                         extra_tensors={"gate_temperature": torch.ones(8, dtype=torch.bfloat16)})
 
     # ./MFD-SmolLM2: a full-vocabulary drafter of SmolLM2-135M's shape (what train-ckpt would write)
     smol = SimpleNamespace(config=LlamaConfig(vocab_size=49152, hidden_size=576, num_hidden_layers=30,

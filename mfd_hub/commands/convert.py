@@ -52,6 +52,7 @@ def _check_size(ctx, param, value):
 @click.group(
     epilog=examples(
         "mfd-hub convert zlab z-lab/Qwen3-8B-DFlash-b16 ./MFD-Qwen3-8B-init --modes 8",
+        "mfd-hub convert released ./MFD-Qwen3-8B-released ./MFD-Qwen3-8B",
         "mfd-hub convert train-ckpt runs/mfd-qwen3-8b ./MFD-Qwen3-8B --dtype bfloat16",
         "mfd-hub convert draft-vocab ./MFD-SmolLM2 ./MFD-SmolLM2-dv8k --target smollm2 --corpus regen.jsonl --size 8192",
         "mfd-hub convert mfd-d ./MFD-Qwen3-8B ./MFD-D-Qwen3-8B --default-from mode:0",
@@ -97,6 +98,40 @@ def convert_zlab_command(source, out, num_modes, seed, mode_std, gate_std, dtype
     summary = convert_zlab(source, out, num_modes=num_modes, seed=seed, mode_std=mode_std, gate_std=gate_std,
                            dtype=parse_dtype(dtype), max_shard_size=max_shard_size, revision=revision,
                            target_name=target_name, overwrite=overwrite)
+    _done(summary, as_json)
+
+
+@convert.command(
+    "released",
+    epilog=examples(
+        "mfd-hub convert released ./MFD-Qwen3-8B-released ./MFD-Qwen3-8B",
+        "mfd-hub convert released ./MFD-D-Qwen3-8B-released ./MFD-D-Qwen3-8B --map default_vector=default_embed "
+        "--map gate_temperature=- --json",
+    ),
+)
+@drafter_argument("source", "SOURCE")
+@click.argument("out", type=click.Path())
+@click.option("--map", "name_map", multiple=True, metavar="OLD=NEW",
+              help="Give SOURCE's tensor OLD our name NEW (OLD=- drops it on purpose); repeatable. Recorded in "
+                   "the config's metadata.")
+@click.option("--dtype", type=DTYPE_CHOICE, default=None, help="Weight dtype (default: the source's, bit for bit).")
+@click.option("--revision", default=None, help="Hub revision of SOURCE (a branch, tag or commit).")
+@_output_options
+def convert_released_command(source, out, name_map, dtype, revision, max_shard_size, overwrite, as_json):
+    """A released MFD drafter (DFlash format with K mode embeddings, as the MFD authors publish
+    them) -> an mfd-hub drafter that AutoModel loads with trust_remote_code.
+
+    Every tensor is kept bit for bit under our names: mode_embed [K, H], the gate mode_gate
+    (with its bias, if any) and, for MFD-D, the default path (default_embed). K is read from
+    mode_embed and must agree with any config field that states it. A tensor that fits no role
+    is an error naming it: place it with --map OLD=NEW or drop it with --map OLD=-.
+    """
+    from ..converters.common import parse_dtype
+    from ..converters.released import convert_released
+
+    out = _destination(source, out, overwrite)
+    summary = convert_released(source, out, name_map=name_map, dtype=parse_dtype(dtype), revision=revision,
+                               max_shard_size=max_shard_size, overwrite=overwrite)
     _done(summary, as_json)
 
 

@@ -37,6 +37,8 @@ class DFlashConfig(PretrainedConfig):
     - ``num_modes``: K mode embeddings (0 = plain DFlash, no ``mode_embed``/``mode_gate``).
     - ``default_path``: True for MFD-D drafters: a trained single-mode path (``default_embed``)
       that runs without modes.
+    - ``mode_gate_bias``: whether ``mode_gate`` carries a bias (some released drafters' gates do;
+      ours do not). Written to config.json only when True, so configs without it keep their bytes.
     - ``block_causal``: per layer, whether the block attends causally inside itself.
     - ``target``: the target's identity (``name_or_path``, ``model_type``, ``hidden_size``,
       ``vocab_size``, ``num_hidden_layers``) so mismatches are caught before decoding.
@@ -73,6 +75,7 @@ class DFlashConfig(PretrainedConfig):
         input_embedding_scale=1.0,
         num_modes=0,
         default_path=False,
+        mode_gate_bias=False,
         target=None,
         draft_vocab_size=None,
         mfd_metadata=None,
@@ -113,11 +116,18 @@ class DFlashConfig(PretrainedConfig):
         self.input_embedding_scale = float(input_embedding_scale)
         self.num_modes = int(num_modes)
         self.default_path = bool(default_path)
+        self.mode_gate_bias = bool(mode_gate_bias)
         self.target = dict(target) if target else {}
         self.draft_vocab_size = int(draft_vocab_size) if draft_vocab_size is not None else None
         self.mfd_metadata = dict(mfd_metadata) if mfd_metadata else {}
         self.initializer_range = float(initializer_range)
         super().__init__(tie_word_embeddings=False, **kwargs)
+
+    def to_dict(self):
+        out = super().to_dict()
+        if not out.get("mode_gate_bias"):
+            out.pop("mode_gate_bias", None)
+        return out
 
     def validate_drafter(self):
         """Raise ValueError with one readable line for the first inconsistency found."""

@@ -150,7 +150,7 @@ class DFlashDraftModel(PreTrainedModel):
         self.hidden_norm = DFlashRMSNorm(hidden, eps=config.rms_norm_eps)
         if config.num_modes > 0:
             self.mode_embed = nn.Parameter(torch.zeros(config.num_modes, hidden))
-            self.mode_gate = nn.Linear(hidden, config.num_modes, bias=False)
+            self.mode_gate = nn.Linear(hidden, config.num_modes, bias=config.mode_gate_bias)
         if config.default_path:
             self.default_embed = nn.Parameter(torch.zeros(hidden))
         if config.draft_vocab_size:
