@@ -2,14 +2,12 @@
 
 import ast
 import subprocess
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# where each installed package's sources live (pyproject's package-dir)
-PACKAGE_DIRS = {
-    "mfd_hub": "mfd_hub", "mfd_hub.kernels": "kernels", "mfd_hub.converters": "converters",
-    "mfd_hub.cards": "cards", "mfd_hub.recipes": "recipes", "mfd_hub.zoo": "zoo",
-}
+# where each installed package's sources live: pyproject's package-dir, the mapping's one statement
+PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
 
 
 def _modules():
