@@ -332,7 +332,7 @@ def test_folder_output_resumes_after_interruptions_without_duplicates_or_losses(
         def progress(added):
             seen.append(added)
             if sum(seen) >= n:
-                raise KeyboardInterrupt  # what a session ending mid-run does
+                raise KeyboardInterrupt  # what Ctrl-C (or a stopped process) does mid-run
         return progress
 
     kwargs = dict(temperature=0.0, max_new_tokens=10, batch_size=3, chat=False, shard_size=3)
