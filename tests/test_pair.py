@@ -63,7 +63,8 @@ def test_baselines_keep_the_target_in_fp32_and_bf16(folders):
     pair = mfd_hub.load_pair(str(folders / "mfd"), str(folders / "target"), dtype="float32", device="cpu",
                              baselines=True)
     assert set(pair.plain_targets) == {torch.float32, torch.bfloat16}
-    assert pair.plain_targets[torch.float32] is pair.target and pair.plain_targets[torch.bfloat16].dtype is torch.bfloat16
+    assert pair.plain_targets[torch.float32] is pair.target
+    assert pair.plain_targets[torch.bfloat16].dtype is torch.bfloat16
 
 
 def test_bad_input_fails_clearly(folders):

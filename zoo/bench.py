@@ -110,14 +110,14 @@ PROGRESS_NAME = "progress.jsonl"
 
 class BenchJournal:
     """The prompts a bench run has finished, in ``OUT/progress.jsonl``, so that a run of hours
-    survives being stopped (Ctrl-C, a crash, a machine that restarts): a first line with the run's settings, then one line per (temperature,
-    prompt) with that prompt's plain decodings and configurations, appended as each ends. With
-    ``resume``, a later run into the same folder with the same settings reads the prompts found
-    there (by name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest;
-    other settings are refused. Without it an old journal is discarded and the run starts afresh
-    (its results would be replaced anyway). A line cut by a crash is dropped. Timings read back
-    were taken when their prompt ran: each prompt's plain and speculative runs side by side, so
-    ratios stay fair across the runs that resume one another."""
+    survives being stopped (Ctrl-C, a crash, a restart): a first line with the run's settings, then
+    one line per (temperature, prompt) with that prompt's plain decodings and configurations,
+    appended as each ends. With ``resume``, a later run into the same folder with the same settings
+    reads the prompts found there (by name and token ids, so ``--limit 20`` can grow into all 164)
+    and runs only the rest; other settings are refused. Without it an old journal is discarded and
+    the run starts afresh (its results would be replaced anyway). A line cut by a crash is dropped.
+    Timings read back were taken when their prompt ran: each prompt's plain and speculative runs
+    side by side, so ratios stay fair across the runs that resume one another."""
 
     def __init__(self, out_dir, settings, resume=False):
         self.path = Path(out_dir) / PROGRESS_NAME

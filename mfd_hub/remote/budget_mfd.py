@@ -392,8 +392,6 @@ class AutoBudget:
     all modes; and whether to speculate at all) with the most expected tokens per second, from this
     machine's costs (measured once, cached) and the acceptance table it calibrates."""
 
-    costs_key = property(lambda self: self.chooser.costs.key)
-
     def __init__(self, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask):
         """``sampling``: (temperature, top-k, top-p). The cost measurement runs here, outside the
         generation's time."""
@@ -404,6 +402,11 @@ class AutoBudget:
                                      table=calibration(draft, costs.key, method, sampling))
         if method == "chain":  # every length up to the block, not only the powers of two
             self.chooser.budgets = list(range(1, block))
+
+    @property
+    def costs_key(self):
+        """The cached cost measurement's name (``SpecDecodingOutput.round_costs_key``)."""
+        return self.chooser.costs.key
 
     def plan(self, method, depth):
         chooser = self.chooser

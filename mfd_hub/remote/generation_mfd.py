@@ -218,15 +218,15 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
         start = verifier.length  # the anchor's position
         depth = min(draft.config.block_size - 1, max_new_tokens - len(out.new_tokens) - 1)
         round_method, budget, depth = planner.plan(method, depth)
-        modes = _resolve_modes(draft, round_method, mode, cache) if depth > 0 else None
         if depth > 0:
-            logits = _draft_block(draft, target, cache, anchor, start, modes, depth)  # [M, depth, V]
+            modes = _resolve_modes(draft, round_method, mode, cache)
+            drafted = _draft_block(draft, target, cache, anchor, start, modes, depth)  # logits [M, depth, V]
             clock.lap("draft")
-            tree, budget = _build_tree(draft, cache, planner, round_method, logits, budget, anchor)
+            tree, budget = _build_tree(draft, cache, planner, round_method, drafted, budget, anchor)
             tokens = torch.cat([tree.tokens[:1], draft.draft_to_target_ids(tree.tokens[1:])])
-            out.modes_drafted.append(logits.shape[0])
+            out.modes_drafted.append(drafted.shape[0])
         else:  # a plain target step
-            tree = build_chain(torch.zeros(0, 1, dtype=torch.long, device=device), anchor)
+            modes, tree = None, build_chain(torch.zeros(0, 1, dtype=torch.long, device=device), anchor)
             tokens = tree.tokens
             out.modes_drafted.append(0)
         max_depth = min(depth, budget)  # a bound on the tree's depth, known without the device
