@@ -7,13 +7,16 @@ from .version import __version__
 # transformers (8 s on 2 cores) before a command needs them; `--help` and usage errors do not.
 _LAZY = {
     "load_draft": ".checkpoint",
+    "load_pair": ".pair",
+    "Pair": ".pair",
     "save_draft": ".checkpoint",
     "DFlashConfig": ".remote.configuration_mfd",
     "DFlashDraftModel": ".remote.modeling_mfd",
     "DraftContextCache": ".remote.modeling_mfd",
 }
 
-__all__ = ["DFlashConfig", "DFlashDraftModel", "DraftContextCache", "load_draft", "save_draft", "__version__"]
+__all__ = ["DFlashConfig", "DFlashDraftModel", "DraftContextCache", "Pair", "load_draft", "load_pair", "save_draft",
+           "__version__"]
 
 
 def __getattr__(name):

@@ -148,6 +148,14 @@ def packs_bf16(linears, models):
         _dtype_on_cpu(m) is torch.bfloat16 and packed_linears_available(m) for m in models)
 
 
+def changes_layers(*models, linears="auto"):
+    """Whether ``packed_for_speculation(*models, linears=linears)`` would change any layer."""
+    if linears == "torch":
+        return False
+    available = fp16_weight_linears_available if linears == "fp16" else packed_linears_available
+    return any(available(m) and any(isinstance(layer, nn.Linear) for layer in m.modules()) for m in models)
+
+
 def linears_label(packed, linears="auto", models=()):
     """What reports call the products: "fp16-weights" or "onednn" when layers were changed, else
     "torch"; "onednn+bf16" when a bf16 one of ``models`` multiplies through oneDNN too."""

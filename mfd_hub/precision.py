@@ -3,7 +3,7 @@
 Speculation pays where a tree verify costs little more than one decode step. On CPUs with native
 bf16 (AMX-BF16 / AVX512-BF16) a 16-node bf16 verify costs about 1.1 decode steps against 2.3 in
 fp32, so ``auto`` picks bf16 there, bf16 (else fp16) on CUDA, and fp32 elsewhere. The miniature's
-``demo`` and ``bench`` measure instead (``mfd_hub.zoo.bench.fastest_speculation_dtype``): on a CPU
+``demo`` and ``bench`` measure instead (``mfd_hub.dtype_choice.fastest_speculation_dtype``): on a CPU
 the target speculates in the dtype whose speculative decoding is fastest, timed on this machine,
 and ``drafter_dtype`` keeps the drafter in fp32 where bf16 is emulated.
 

@@ -591,18 +591,17 @@ def check_spec_decoding(ck, target, failed_before):
         return SKIP, "no target given (pass --target to run a short lossless decoding check)"
     if failed_before:
         return SKIP, "not run: earlier checks failed"
-    from .checkpoint import load_draft
+    from .pair import load_pair
     from .remote.targets_mfd import UnsupportedTargetError
-    from .targets import load_target
     from .targets import greedy_decode
 
-    draft = load_draft(ck.folder)
-    model, tokenizer = load_target(target)
-    ids = _check_prompt(tokenizer, model.config.vocab_size)
-    want = greedy_decode(model, ids, SPEC_CHECK_TOKENS)
-    method = "mixture" if draft.config.num_modes else "product"
+    # fp32 and torch's own products on CPU: the check compares with plain greedy decoding token for token
+    pair = load_pair(ck.folder, target, dtype="float32", linears="torch", device="cpu")
+    ids = _check_prompt(pair.tokenizer, pair.target.config.vocab_size)
+    want = greedy_decode(pair.target, ids, SPEC_CHECK_TOKENS)
+    method = "mixture" if pair.draft.config.num_modes else "product"
     try:
-        out = draft.spec_generate(model, ids, max_new_tokens=SPEC_CHECK_TOKENS, method=method, tree_budget=16)
+        out = pair.generate(ids, max_new_tokens=SPEC_CHECK_TOKENS, method=method, tree_budget=16, stop_token_ids=None)
     except UnsupportedTargetError as err:
         return SKIP, str(err)
     if out.new_tokens != want:

@@ -40,6 +40,7 @@ import torch
 from mfd_hub.errors import MfdHubError, UsageError
 from mfd_hub.packed_linear import LINEARS, linears_label, packed_for_speculation, packed_linears_available
 from mfd_hub.precision import dtype_name
+from mfd_hub.remote.sampling_mfd import next_tokens
 
 PROMPT_FIELDS = ("prompt", "instruction", "question", "text")
 HF_PREFIX = "hf:"
@@ -323,29 +324,6 @@ def finished_ids(out_path):
     return RegenOutput(out_path).done
 
 
-# -- sampling ----------------------------------------------------------------------------
-def sample_next(logits, temperature, top_p, top_k, generator=None):
-    """One token per row of ``logits`` [N, V] -> [N] (int64).
-
-    Temperature 0 is greedy (argmax). Otherwise the distribution transformers' sampling warpers
-    give: temperature, then top-k, then top-p (the most probable candidates down to the first that
-    brings their mass to ``top_p``), drawn with ``generator``. Only the top-k candidates are
-    sorted; transformers' top-p sorts the whole vocabulary, which in a large batch costs about as
-    much as the forward pass on CPU."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    k = top_k if 0 < top_k < logits.shape[-1] else logits.shape[-1]
-    # a positive temperature keeps the order, so only the top-k logits are scaled (at 128 rows, scaling
-    # the whole vocabulary cost 6% of a bf16 SmolLM2 step)
-    values, candidates = logits.topk(k, dim=-1)  # most probable first
-    probs = (values.float() / temperature).softmax(-1)
-    if top_p < 1.0:
-        before = probs.cumsum(-1) - probs  # the mass of the more probable candidates
-        probs = probs.masked_fill(before >= top_p, 0.0)  # the most probable one always stays
-    picked = torch.multinomial(probs, 1, generator=generator)
-    return candidates.gather(-1, picked).squeeze(-1)
-
-
 # -- engines -------------------------------------------------------------------------------------
 class _Batches:
     """An engine that answers a batch at a time: ``stream`` runs ``generate`` over consecutive
@@ -450,7 +428,8 @@ class ContinuousEngine:
     it. When the column reaches the end of the room, every row shifts left past the oldest row's
     first column; once no prompt waits, finished rows are dropped from the batch.
 
-    Tokens are drawn by ``sample_next`` (transformers' temperature / top-k / top-p distribution)
+    Tokens are drawn by ``next_tokens`` (transformers' temperature / top-k / top-p distribution, as
+    speculative decoding's target samples)
     from one seeded generator; the answer is exactly the sampled tokens, up to and including a
     stop token. Needs a target whose every layer is full attention (a plain transformers
     DynamicCache layer); hybrid or sliding-window targets take ``--engine generate``.
@@ -496,7 +475,7 @@ class ContinuousEngine:
 
         def take(rows, logits):
             """Sample the next token of ``rows``; yield the answers that end with it."""
-            for row, token in zip(rows, sample_next(logits, temperature, top_p, top_k, generator).tolist()):
+            for row, token in zip(rows, next_tokens(logits, temperature, top_k, top_p, generator).tolist()):
                 answer = self._answers[row]
                 answer.append(token)
                 if token in stops or len(answer) >= max_new_tokens:

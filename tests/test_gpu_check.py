@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py, the GPU host's one command: its CPU quick mode runs every section's
-code path (Triton in its interpreter) in a real subprocess and writes the report the GPU run
-writes; the exit code follows the exactness checks; bad input is one error line."""
+"""benchmarks/gpu_check.py, the one command for a machine with a CUDA GPU: its CPU quick mode runs
+every section's code path (Triton in its interpreter) in a real subprocess and writes the report
+the GPU run writes; the exit code follows the exactness checks; bad input is one error line."""
 
 import json
 import math

@@ -2,14 +2,12 @@
 
 import ast
 import subprocess
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# where each installed package's sources live (pyproject's package-dir)
-PACKAGE_DIRS = {
-    "mfd_hub": "mfd_hub", "mfd_hub.kernels": "kernels", "mfd_hub.converters": "converters",
-    "mfd_hub.cards": "cards", "mfd_hub.recipes": "recipes", "mfd_hub.zoo": "zoo",
-}
+# where each installed package's sources live: pyproject's package-dir, the mapping's one statement
+PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
 
 
 def _modules():
@@ -104,12 +102,13 @@ def test_the_remote_code_has_one_home():
 
 
 def test_the_benchmark_scripts_import_names_that_exist():
-    """benchmarks/*.py are scripts no test runs in full (they time things); every name they import
-    from mfd_hub must still exist, so a move or a rename cannot leave one broken."""
+    """benchmarks/*.py (and the gpu check's modules, benchmarks/gpucheck/) are scripts no test runs
+    in full (they time things); every name they import from mfd_hub must still exist, so a move or
+    a rename cannot leave one broken."""
     import importlib
 
     missing = []
-    for script in sorted((REPO / "benchmarks").glob("*.py")):
+    for script in sorted((REPO / "benchmarks").rglob("*.py")):
         for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mfd_hub" and not node.level:
                 module = importlib.import_module(node.module)
@@ -122,3 +121,32 @@ def test_the_benchmark_scripts_import_names_that_exist():
                     if alias.name.split(".")[0] == "mfd_hub" and importlib.util.find_spec(alias.name) is None:
                         missing.append(f"{script.name}: {alias.name}")
     assert not missing, missing
+
+
+def test_the_bundle_is_the_remote_code_of_the_folders_pyproject_maps():
+    """The bundle every checkpoint carries is, byte for byte, the .py files of the folders that
+    pyproject's package-dir gives mfd_hub.remote and mfd_hub.kernels, each behind its provenance
+    header with its kernel imports made flat. The bundler finds them through importlib (an
+    installed mfd-hub has no pyproject.toml), so both must name the same files."""
+    import re
+
+    from mfd_hub import __version__
+    from mfd_hub.bundle import HEADER_PREFIX, bundle_sources
+
+    def folder(package):
+        if package in PACKAGE_DIRS:
+            return REPO / PACKAGE_DIRS[package]
+        parent, _, leaf = package.rpartition(".")
+        return folder(parent) / leaf
+
+    expected = {}
+    for package in ("mfd_hub.remote", "mfd_hub.kernels"):
+        for path in sorted(folder(package).glob("*.py")):
+            if path.name != "__init__.py":
+                text = re.sub(r"^(\s*)from \.\.kernels\.(\w+) import ", r"\1from .\2 import ",
+                              path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+                header = (f"{HEADER_PREFIX} {__version__}, generated from {path.relative_to(REPO).as_posix()}; "
+                          "edit the source, not this copy.\n")
+                expected[path.name] = header + text
+    assert "generation_mfd.py" in expected and "tree_build.py" in expected
+    assert bundle_sources() == expected

@@ -44,15 +44,15 @@ def test_auto_measures_the_faster_speculative_decoding(slowed, monkeypatch, tmp_
     30 ms hook) loses, and plain decoding is never what is timed."""
     import time
 
-    from mfd_hub.zoo import bench
+    from mfd_hub import dtype_choice
 
     monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))  # nothing kept from another run
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
     draft = tiny_drafter(target)
-    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("float32", target, draft, ids)
+    targets, spec_dtype, draft_dtype = dtype_choice.speculation_dtypes("float32", target, draft, ids)
     assert set(targets) == {torch.float32, torch.bfloat16}  # both plain baselines, whatever is asked
     assert spec_dtype is draft_dtype is torch.float32  # a named dtype is taken as it is
-    in_each_dtype = bench.target_in_each_dtype
+    in_each_dtype = dtype_choice.target_in_each_dtype
 
     def one_made_slow(model, dtype):
         both = in_each_dtype(model, dtype)
@@ -62,9 +62,9 @@ def test_auto_measures_the_faster_speculative_decoding(slowed, monkeypatch, tmp_
     def no_plain_decoding(*args, **kwargs):
         raise AssertionError("the choice times speculation, not plain decoding")
 
-    monkeypatch.setattr(bench, "target_in_each_dtype", one_made_slow)
+    monkeypatch.setattr(dtype_choice, "target_in_each_dtype", one_made_slow)
     monkeypatch.setattr("mfd_hub.targets.greedy_decode", no_plain_decoding)
-    _, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, draft, ids)
+    _, spec_dtype, draft_dtype = dtype_choice.speculation_dtypes("auto", target, draft, ids)
     assert spec_dtype is (torch.bfloat16 if slowed is torch.float32 else torch.float32)
     assert draft_dtype in (torch.float32, spec_dtype)
 
@@ -73,12 +73,12 @@ def test_the_measured_dtype_is_kept_per_target_drafter_and_machine(monkeypatch, 
     """The choice is measured once per target, drafter shape and machine, then read from the cache
     (no timing); another target, drafter or thread count is measured afresh."""
     from mfd_hub.remote.modeling_mfd import DFlashDraftModel
-    from mfd_hub.zoo import bench
+    from mfd_hub import dtype_choice
 
     monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
     draft = tiny_drafter(target)
-    targets = bench.target_in_each_dtype(target, torch.float32)
+    targets = dtype_choice.target_in_each_dtype(target, torch.float32)
     calls = []
     spec_generate = DFlashDraftModel.spec_generate
 
@@ -87,19 +87,19 @@ def test_the_measured_dtype_is_kept_per_target_drafter_and_machine(monkeypatch, 
         return spec_generate(model, target, *args, **kwargs)
 
     monkeypatch.setattr(DFlashDraftModel, "spec_generate", counted)
-    first, cached = bench.fastest_speculation_dtype(targets, draft, ids, "onednn")
+    first, cached = dtype_choice.fastest_speculation_dtype(targets, draft, ids, "onednn")
     assert not cached and set(calls) == {torch.float32, torch.bfloat16}
     calls.clear()
-    assert bench.fastest_speculation_dtype(targets, draft, ids, "onednn") == (first, True) and calls == []
+    assert dtype_choice.fastest_speculation_dtype(targets, draft, ids, "onednn") == (first, True) and calls == []
     wider = tiny_target("llama", hidden_size=64)
-    key = bench.dtype_choice_key(target, targets, draft, "onednn")
-    assert bench.dtype_choice_key(wider, targets, draft, "onednn") != key
-    assert bench.dtype_choice_key(target, targets, tiny_drafter(target, num_modes=2), "onednn") != key
-    assert bench.dtype_choice_key(target, targets, draft, "torch") != key
+    key = dtype_choice.dtype_choice_key(target, targets, draft, "onednn")
+    assert dtype_choice.dtype_choice_key(wider, targets, draft, "onednn") != key
+    assert dtype_choice.dtype_choice_key(target, targets, tiny_drafter(target, num_modes=2), "onednn") != key
+    assert dtype_choice.dtype_choice_key(target, targets, draft, "torch") != key
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
-        assert not bench.fastest_speculation_dtype(targets, draft, ids, "onednn")[1] and calls
+        assert not dtype_choice.fastest_speculation_dtype(targets, draft, ids, "onednn")[1] and calls
     finally:
         torch.set_num_threads(threads)
 
@@ -217,7 +217,7 @@ def test_auto_linears_round_the_weights_to_fp16_only_where_bf16_is_emulated(monk
     without measuring anything), oneDNN's packed fp32 weights on one with it and on CUDA."""
     from mfd_hub import precision
     from mfd_hub.packed_linear import speculation_linears
-    from mfd_hub.zoo import bench
+    from mfd_hub import dtype_choice
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     assert speculation_linears("auto") == ("fp16" if "fbgemm" in torch.backends.quantized.supported_engines
@@ -232,9 +232,9 @@ def test_auto_linears_round_the_weights_to_fp16_only_where_bf16_is_emulated(monk
     def no_timing(*args, **kwargs):
         raise AssertionError("nothing is measured for fp16 weights")
 
-    monkeypatch.setattr(bench, "fastest_speculation_dtype", no_timing)
+    monkeypatch.setattr(dtype_choice, "fastest_speculation_dtype", no_timing)
     target, ids = tiny_target("llama"), torch.tensor([[1, 2, 3]])
-    targets, spec_dtype, draft_dtype = bench.speculation_dtypes("auto", target, tiny_drafter(target), ids,
+    targets, spec_dtype, draft_dtype = dtype_choice.speculation_dtypes("auto", target, tiny_drafter(target), ids,
                                                                 linears="fp16")
     assert set(targets) == {torch.float32, torch.bfloat16} and spec_dtype is draft_dtype is torch.float32
 

@@ -267,10 +267,11 @@ def test_continuous_engine_samples_only_tokens_the_target_can_emit():
     assert dict(engine.stream(prompts, temperature, top_p, top_k, 10, seed=3)) == answers
 
 
-def test_sample_next_draws_from_the_distribution_of_transformers_warpers():
+def test_next_tokens_draws_from_the_distribution_of_transformers_warpers():
+    """The one sampler (``next_tokens``) as regen calls it: many rows at once, top-k on."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from mfd_hub.recipes.regen import sample_next
+    from mfd_hub.remote.sampling_mfd import next_tokens
 
     torch.manual_seed(4)
     logits = torch.randn(1, 40) * 2
@@ -278,11 +279,28 @@ def test_sample_next_draws_from_the_distribution_of_transformers_warpers():
     for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(8), TopPLogitsWarper(0.8)):
         scores = warper(None, scores)
     expected = scores.softmax(-1)[0]
-    draws = sample_next(logits.expand(20000, -1), 0.7, 0.8, 8, torch.Generator().manual_seed(0))
+    draws = next_tokens(logits.expand(20000, -1), temperature=0.7, top_k=8, top_p=0.8,
+                        generator=torch.Generator().manual_seed(0))
     observed = torch.bincount(draws, minlength=40).float() / draws.numel()
     assert set(draws.unique().tolist()) <= set(torch.nonzero(expected).flatten().tolist())
     assert float((observed - expected).abs().sum()) < 0.03  # total variation, 20,000 draws
-    assert sample_next(logits, 0.0, 0.8, 8).tolist() == [int(logits.argmax())]
+    assert next_tokens(logits, temperature=0.0, top_k=8, top_p=0.8).tolist() == [int(logits.argmax())]
+
+
+def test_next_tokens_keeps_every_token_tied_at_the_kth_value():
+    """Plain decoding's top-k keeps ties at the k-th value (transformers' TopKLogitsWarper), so a
+    sampler that keeps only k candidates would never draw the tied ones beyond them."""
+    from mfd_hub.remote.sampling_mfd import next_tokens
+
+    logits = torch.full((4000, 10), -5.0)
+    logits[:, 0] = 3.0
+    logits[:, [2, 5, 7]] = 1.0  # top-2: token 0, then three tokens tied for second place
+    draws = next_tokens(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(1))
+    assert set(draws.tolist()) == {0, 2, 5, 7}
+    untied = logits[:1].clone()
+    untied[0, 5] = 1.5  # no tie: the two best only
+    draws = next_tokens(untied.expand(2000, -1), temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(1))
+    assert set(draws.tolist()) == {0, 5}
 
 
 def _records(path):

@@ -110,14 +110,14 @@ PROGRESS_NAME = "progress.jsonl"
 
 class BenchJournal:
     """The prompts a bench run has finished, in ``OUT/progress.jsonl``, so that a run of hours
-    survives its session: a first line with the run's settings, then one line per (temperature,
-    prompt) with that prompt's plain decodings and configurations, appended as each ends. With
-    ``resume``, a later run into the same folder with the same settings reads the prompts found
-    there (by name and token ids, so ``--limit 20`` can grow into all 164) and runs only the rest;
-    other settings are refused. Without it an old journal is discarded and the run starts afresh
-    (its results would be replaced anyway). A line cut by a crash is dropped. Timings read back
-    were taken when their prompt ran: each prompt's plain and speculative runs side by side, so
-    ratios stay fair across sessions."""
+    survives being stopped (Ctrl-C, a crash, a restart): a first line with the run's settings, then
+    one line per (temperature, prompt) with that prompt's plain decodings and configurations,
+    appended as each ends. With ``resume``, a later run into the same folder with the same settings
+    reads the prompts found there (by name and token ids, so ``--limit 20`` can grow into all 164)
+    and runs only the rest; other settings are refused. Without it an old journal is discarded and
+    the run starts afresh (its results would be replaced anyway). A line cut by a crash is dropped.
+    Timings read back were taken when their prompt ran: each prompt's plain and speculative runs
+    side by side, so ratios stay fair across the runs that resume one another."""
 
     def __init__(self, out_dir, settings, resume=False):
         self.path = Path(out_dir) / PROGRESS_NAME
@@ -381,109 +381,6 @@ def write_outputs(rows, out_dir, meta):
     return written
 
 
-def target_in_each_dtype(target, spec_dtype):
-    """{dtype: the fp32 ``target`` in it} for fp32, bf16 and the speculation's dtype: plain decoding
-    runs in each, and the fastest of them is the baseline every speedup is measured against."""
-    import copy
-
-    targets = {torch.float32: target}
-    for extra in (torch.bfloat16, spec_dtype):
-        if extra not in targets:
-            targets[extra] = copy.deepcopy(target).to(extra)
-    return targets
-
-
-DTYPE_CHOICE_CACHE = "dtype-choice"
-# What ``--dtype auto`` times: a short greedy speculative decode of the first prompt, product tree
-# (every drafter has one), budget ``auto`` (each dtype at the tree sizes its own costs afford).
-CHOICE_TOKENS = 24
-CHOICE_REPEATS = 3
-
-
-def dtype_choice_key(target, dtypes, draft, linears):
-    """What the fastest speculation dtype depends on: the target's shape, the drafter's, the
-    candidate dtypes, the kind of fp32 products, the device (the CPU's model name), the thread
-    count and torch's version (as the round costs' key)."""
-    from mfd_hub.precision import dtype_name
-    from mfd_hub.remote.budget_mfd import device_name, drafter_shape, target_shape
-
-    parts = [target_shape(target), drafter_shape(draft) + [draft.config.block_size],
-             sorted(dtype_name(d) for d in dtypes), linears, target.device.type, device_name(target.device),
-             torch.get_num_threads(), torch.__version__]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
-
-
-def fastest_speculation_dtype(targets, draft, input_ids, linears, tokens=CHOICE_TOKENS, repeats=CHOICE_REPEATS):
-    """``--dtype auto`` for the miniature on a CPU: of ``targets`` ({dtype: the target in it}), the
-    dtype whose speculative decoding of ``input_ids`` is fastest on this machine -> (dtype, whether
-    it came from the cache).
-
-    Speculation, not plain decoding, is what this dtype runs, and the two rank dtypes differently:
-    on a CPU with AMX-BF16 plain bf16 decodes 1.15x as fast as fp32 but a 65-node bf16 verify costs
-    1.6 decode steps against 2.9 in fp32 (oneDNN). Each dtype (its drafter in
-    ``precision.drafter_dtype``, fp32 products as ``linears`` says) decodes ``tokens`` greedy tokens
-    with a product tree at budget ``auto``, ``repeats`` times round-robin after one warm-up run that
-    also measures (and caches) its round costs; the median decides. The choice is kept in the user's
-    cache (``dtype_choice_key``) and later runs reuse it."""
-    import copy
-    import statistics
-
-    from mfd_hub.cache import read_record, write_record
-    from mfd_hub.packed_linear import packed_for_speculation
-    from mfd_hub.precision import drafter_dtype, dtype_name
-
-    by_name = {dtype_name(dtype): dtype for dtype in targets}
-    fp32_target = targets[torch.float32]
-    key = dtype_choice_key(fp32_target, targets, draft, linears)
-    kept = read_record(DTYPE_CHOICE_CACHE, key)
-    if kept and kept.get("dtype") in by_name:
-        return by_name[kept["dtype"]], True
-    drafts = {}  # one drafter per drafter dtype, shared by the dtypes that use it
-    for dtype in targets:
-        own = drafter_dtype(dtype, fp32_target.device)
-        drafts.setdefault(own, copy.deepcopy(draft).to(own))
-    runs = {dtype: (targets[dtype], drafts[drafter_dtype(dtype, fp32_target.device)]) for dtype in targets}
-
-    def decode(dtype, count):
-        target, drafter = runs[dtype]
-        drafter.spec_generate(target, input_ids, max_new_tokens=count, method="product", tree_budget="auto",
-                              stop_token_ids=())  # a stop would cut one dtype's run short
-
-    seconds = {dtype: [] for dtype in targets}
-    with packed_for_speculation(*targets.values(), *drafts.values(), linears=linears):
-        for dtype in targets:  # first-call allocations and the cost measurement stay out of the timing
-            decode(dtype, 2)
-        for _ in range(repeats):
-            for dtype in targets:
-                began = time.perf_counter()
-                decode(dtype, tokens)
-                seconds[dtype].append(time.perf_counter() - began)
-    median = {dtype: statistics.median(values) for dtype, values in seconds.items()}
-    fastest = min(median, key=median.get)
-    write_record(DTYPE_CHOICE_CACHE, key, {"dtype": dtype_name(fastest), "measured_by": "speculation",
-                                           "tokens_per_second": {dtype_name(d): tokens / s for d, s in median.items()}})
-    return fastest, False
-
-
-def speculation_dtypes(dtype, target32, draft, input_ids, linears="onednn"):
-    """(targets {dtype: target} for the plain baselines, the target's speculation dtype, the
-    drafter's) for ``--dtype`` ``dtype`` and resolved ``linears``: ``auto`` on a CPU is float32
-    where the fp32 target multiplies with fp16 weights (its decode step is as fast as bf16's and
-    its verify far cheaper), else measured (``fastest_speculation_dtype`` with ``draft``, then
-    ``precision.drafter_dtype``); elsewhere, or for a named dtype, both run in it."""
-    from mfd_hub.precision import drafter_dtype, resolve_dtype
-
-    spec_dtype = resolve_dtype(dtype, target32.device)
-    targets = target_in_each_dtype(target32, spec_dtype)
-    if dtype != "auto":
-        return targets, spec_dtype, spec_dtype
-    if target32.device.type == "cpu" and linears == "fp16":
-        return targets, torch.float32, torch.float32
-    if target32.device.type == "cpu":
-        spec_dtype, _ = fastest_speculation_dtype(targets, draft, input_ids, linears)
-    return targets, spec_dtype, drafter_dtype(spec_dtype, target32.device)
-
-
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n"
 
 
@@ -537,30 +434,18 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     decoding beyond what rounding in the dtype explains."""
     from tqdm import tqdm
 
-    from mfd_hub.checkpoint import load_draft
-    from mfd_hub.packed_linear import linears_label, packed_for_speculation, speculation_linears
+    from mfd_hub.pair import load_pair
     from mfd_hub.precision import dtype_name
-    from mfd_hub.targets import encode_prompt, load_target, stop_ids_of
 
     prompts = load_prompt_set(prompt_spec, limit)
-    drafters = {}
-    for spec in drafter_specs or default_drafters(target_spec):
-        if log:
-            log(f"loading drafter {spec}")
-        drafters[drafter_label(spec)] = load_draft(spec)  # a folder, a Hub repo id or a shipped name
-    if log:
-        log(f"loading target {target_spec}")
-    target, tokenizer = load_target(target_spec)
-    if tokenizer is None:
-        raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompts")
-    stops = stop_ids_of(tokenizer, target)
-    encoded = [encode_prompt(tokenizer, text) for _, text in prompts]
-    linears = speculation_linears(linears, target.device)
-    if log and dtype == "auto" and linears != "fp16":
-        log("--dtype auto: the dtype whose speculative decoding is fastest here (measured once, then cached)")
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target, next(iter(drafters.values())), encoded[0],
-                                                          linears)
-    drafters = {label: draft.to(draft_dtype) for label, draft in drafters.items()}
+    specs = list(drafter_specs or default_drafters(target_spec))
+    # every drafter loads in fp32 on CPU, then takes the dtype chosen for the first one (timed on the first prompt)
+    pair = load_pair(specs[0], target_spec, dtype=dtype, linears=linears, device="cpu", baselines=True,
+                     timing_prompt=prompts[0][1], more_drafters=specs[1:], log=log)
+    encoded = [pair.encode(text) for _, text in prompts]
+    stops, targets, spec_dtype, draft_dtype = pair.stop_ids, pair.plain_targets, pair.dtype, pair.draft_dtype
+    drafters = {drafter_label(spec): draft for spec, draft in zip(specs, pair.drafts)}
+    linears = pair.linears_choice
     settings = {"target": str(target_spec), "drafters": {label: weights_digest(d) for label, d in drafters.items()},
                 "methods": methods, "budgets": budgets, "max_new_tokens": max_new_tokens, "seed": seed,
                 "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
@@ -570,8 +455,7 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
     if log and len(journal):
         log(f"resuming: {len(journal)} prompt run(s) already in {journal.path}")
     total = len(temperatures) * len(encoded) * cells_per_prompt(drafters, methods, budgets)
-    with packed_for_speculation(*targets.values(), *drafters.values(), linears=linears) as packed, \
-            tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
+    with pair.packed(), tqdm(total=total, desc="bench", unit="run", disable=log is None) as bar:
         if "auto" in budgets:  # the one-time cost measurement is not part of any timed run
             for draft in drafters.values():
                 draft.spec_generate(targets[spec_dtype], encoded[0], max_new_tokens=2, tree_budget="auto",
@@ -583,8 +467,8 @@ def run_bench_command(target_spec, drafter_specs, prompt_spec, limit, methods, b
         "target": str(target_spec), "prompts": str(prompt_spec), "prompt_count": len(prompts),
         "drafters": list(drafters), "methods": methods, "budgets": budgets, "temperatures": temperatures,
         "max_new_tokens": max_new_tokens, "seed": seed, "threads": torch.get_num_threads(),
-        "device": str(target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
-        "plain_dtypes": [dtype_name(d) for d in targets], "linears": linears_label(packed, linears, targets.values()),
+        "device": str(pair.target.device), "dtype": dtype_name(spec_dtype), "drafter_dtype": dtype_name(draft_dtype),
+        "plain_dtypes": [dtype_name(d) for d in targets], "linears": pair.linears,
     }
     files = write_outputs(rows, out_dir, meta)
     result = {"meta": meta, "rows": rows, "markdown": markdown_table(rows), "files": files}

@@ -6,7 +6,7 @@ Honest numbers: the baseline is the faster of plain fp32 and plain bf16 decoding
 is timed ``repeats`` times interleaved (one run of each per repeat), so drifting machine load hits
 them all alike; each figure is the median. Speculation runs in ``dtype`` (``auto``, on a CPU: fp32
 with fp16 weights where bf16 is emulated, else the dtype whose speculative decoding is fastest,
-measured here, the drafter in fp32 unless bf16 is native: ``bench.speculation_dtypes``) with
+measured here, the drafter in fp32 unless bf16 is native: ``mfd_hub.dtype_choice``) with
 ``budget`` (``auto``: chosen per round from this machine's measured costs). Outputs are checked against plain decoding in the same dtype:
 identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd_hub.precision``).
 """
@@ -14,10 +14,7 @@ identical in fp32, identical or diverging only at a near-tie in bf16/fp16 (``mfd
 import statistics
 import time
 
-from mfd_hub.locate import resolve_drafter
-
-from .bench import speculation_dtypes
-from .shipped import load_with_auto_model
+from mfd_hub.pair import load_pair
 
 DEMO_METHODS = ("chain", "product", "mixture")
 
@@ -29,53 +26,40 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
     import os
 
     import torch
-    from tqdm import tqdm
 
-    from mfd_hub.packed_linear import linears_label, packed_for_speculation, speculation_linears
-    from mfd_hub.precision import classify_divergence, dtype_name, resolve_dtype
-    from mfd_hub.targets import SMOLLM2, encode_prompt, greedy_decode, load_target, stop_ids_of
+    from mfd_hub.precision import classify_divergence, dtype_name
+    from mfd_hub.targets import SMOLLM2, greedy_decode
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything the demo needs is on disk
-    resolve_dtype(dtype)  # a bad name fails before anything loads
-    folder = resolve_drafter(drafter)  # a folder, a Hub repo id or a shipped name
-    with tqdm(total=2, desc="loading", unit="model", disable=log is None) as bar:
-        bar.set_postfix_str("SmolLM2-135M-Instruct")
-        target32, tokenizer = load_target(SMOLLM2)
-        bar.update(1)
-        bar.set_postfix_str(f"{os.path.basename(os.path.normpath(str(drafter)))} (AutoModel, trust_remote_code)")
-        draft = load_with_auto_model(folder)
-        bar.update(1)
-    ids = encode_prompt(tokenizer, prompt)
-    stops = stop_ids_of(tokenizer, target32)
-    linears = speculation_linears(linears, target32.device)
-    if log and dtype == "auto":
-        log("--dtype auto: float32 rows with fp16 weights (this CPU has no native bf16)" if linears == "fp16" else
-            "--dtype auto: the dtype whose speculative decoding is fastest here (measured once, then cached)")
-    # plain decoding in fp32 and bf16 (the faster is the baseline); speculation's dtypes
-    targets, spec_dtype, draft_dtype = speculation_dtypes(dtype, target32, draft, ids, linears)
-    draft = draft.to(draft_dtype)
+    # the drafter through AutoModel with trust_remote_code, as its users load it; fp32 and bf16
+    # targets for the plain baselines
+    pair = load_pair(drafter, SMOLLM2, dtype=dtype, linears=linears, device="cpu", baselines=True, timing_prompt=prompt,
+                     remote_code=True, log=log)
+    ids = pair.encode(prompt)
+    stops = pair.stop_ids
+    draft, targets = pair.draft, pair.plain_targets
+    spec_dtype, draft_dtype = pair.dtype, pair.draft_dtype
+    target32 = targets[torch.float32]
     methods = DEMO_METHODS if draft.config.num_modes > 0 else ("chain", "product")
-    target = targets[spec_dtype]
 
     def plain(dt):
         return lambda: greedy_decode(targets[dt], ids, max_new_tokens, stop_ids=stops, return_logits=True)
 
     def spec(method):
-        return lambda: draft.spec_generate(target, ids, max_new_tokens=max_new_tokens, method=method,
-                                           tree_budget=budget, stop_token_ids=stops)
+        return lambda: pair.generate(ids, max_new_tokens=max_new_tokens, method=method, tree_budget=budget)
 
     configs = [(f"plain {dtype_name(dt)}", plain(dt)) for dt in targets]  # fp32, bf16, then the spec dtype
     configs += [(method, spec(method)) for method in methods]
 
     # on CPU: targets (plain and speculating alike) and drafter multiply through oneDNN (fp32, and bf16
     # where native) or with fp16 weights (fp32)
-    with packed_for_speculation(*targets.values(), draft, linears=linears) as packed:
+    with pair.packed():
         # warm-up: first-call allocations, and (budget "auto") the one-time cost measurement
         if log:
             log("warming up" + (" and measuring this machine's round costs (cached)" if budget == "auto" else ""))
         greedy_decode(target32, ids, 4, stop_ids=stops)
         for method in methods:
-            draft.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, stop_token_ids=stops)
+            pair.generate(ids, max_new_tokens=4, method=method, tree_budget=budget)
 
         if log:
             log(f"decoding {ids.shape[1]} prompt tokens -> up to {max_new_tokens} new tokens, greedy (T = 0), "
@@ -120,10 +104,10 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
         "threads": torch.get_num_threads(),
         "dtype": dtype_name(spec_dtype),
         "drafter_dtype": dtype_name(draft_dtype),
-        "linears": linears_label(packed, linears, targets.values()),
+        "linears": pair.linears,
         "budget": budget,
         "repeats": repeats,
         "baseline": {"method": baseline, "tokens_per_second": rates[baseline]},
-        "text": tokenizer.decode(reference_tokens, skip_special_tokens=True),
+        "text": pair.decode(reference_tokens),
         "runs": runs,
     }

@@ -36,43 +36,32 @@ def generate(drafter, old_drafter, target_spec, method, budget, dtype, linears, 
     """Generate from PROMPT with a drafter speculating for a target (lossless)."""
     import torch
 
-    from ..checkpoint import load_draft
-    from ..packed_linear import linears_label, packed_for_speculation, speculation_linears
-    from ..precision import dtype_name, resolve_dtype
-    from ..targets import encode_prompt, load_target, stop_ids_of
+    from ..pair import load_pair
+    from ..precision import dtype_name
 
     if mode is not None and mode not in ("gate", "default") and not mode.isdigit():
         raise UsageError(f"--mode must be a mode index, 'gate' or 'default', not {mode!r}")
     mode = int(mode) if mode is not None and mode.isdigit() else mode
     drafter = given_drafter(drafter, old_drafter)
-    click.echo(f"loading drafter {drafter} ...", err=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    run_dtype = resolve_dtype(dtype, device)
-    draft = load_draft(drafter, dtype=run_dtype, device=device)
-    click.echo(f"loading target {target_spec} ({dtype_name(run_dtype)}) ...", err=True)
-    target, tokenizer = load_target(target_spec, dtype=run_dtype, device=device)
-    if tokenizer is None:
-        raise MfdHubError(f"target {target_spec} has no tokenizer to encode the prompt")
-    ids = encode_prompt(tokenizer, prompt, chat=not no_chat_template)
+    pair = load_pair(drafter, target_spec, dtype=dtype, linears=linears, log=lambda line: click.echo(line, err=True))
+    ids = pair.encode(prompt, chat=not no_chat_template)
     try:
-        linears = speculation_linears(linears, device)
-        with packed_for_speculation(target, draft, linears=linears) as packed:
-            out = draft.spec_generate(
-                target, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                stop_token_ids=sorted(set(stop_ids_of(tokenizer, target)) | set(stops)), method=method,
-                tree_budget=budget, mode=mode, generator=torch.Generator().manual_seed(seed),
-            )
+        out = pair.generate(
+            ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            stop_token_ids=sorted(set(pair.stop_ids) | set(stops)), method=method, tree_budget=budget, mode=mode,
+            generator=torch.Generator().manual_seed(seed),
+        )
     except ValueError as err:
         raise MfdHubError(str(err)) from None
-    text = tokenizer.decode(out.new_tokens, skip_special_tokens=True)
+    text = pair.decode(out.new_tokens)
     stats = out.stats()
-    stats["dtype"] = dtype_name(run_dtype)
-    stats["linears"] = linears_label(packed, linears, [target])
+    stats["dtype"] = dtype_name(pair.dtype)
+    stats["linears"] = pair.linears
     if as_json:
         emit_json({"text": text, "output_ids": out.new_tokens, "prompt_tokens": ids.shape[1], **stats})
         return
     click.echo(text)  # stdout holds the generated text only; the report goes to stderr
-    for line in report_lines(out, dtype_name(run_dtype)):
+    for line in report_lines(out, dtype_name(pair.dtype)):
         click.echo(line, err=True)
 
 

@@ -26,6 +26,9 @@ target step; a choice that loses is dropped for a few rounds and probed again af
 None of this changes what is emitted: every budget, mode set or plain step is verified by the
 target as usual, so output stays the target's own (lossless).
 
+``spec_generate`` asks a planner what each round drafts and learns nothing itself:
+``FixedBudget`` for a whole-number budget, ``AutoBudget`` for ``"auto"`` (``make_planner``).
+
 This file is part of the remote-code bundle: torch only.
 """
 
@@ -37,6 +40,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from ..kernels.tree_format import SCORE_SCALE
 
 # Tree budgets the chooser prices (nodes below the root); the largest one fixes the tree it builds.
 CANDIDATE_BUDGETS = (1, 2, 4, 8, 16, 32, 64)
@@ -353,3 +358,99 @@ class BudgetChooser:
 
     def observe(self, logprobs, accepted_flags):
         self.table.observe(logprobs, accepted_flags)
+
+
+# -- planners: what spec_generate asks before and after each round ---------------------------------
+class FixedBudget:
+    """A whole-number ``tree_budget``: every round drafts as asked, at that budget."""
+
+    costs_key = None
+
+    def __init__(self, budget):
+        self.budget = budget
+
+    def plan(self, method, depth):
+        """-> (this round's method, the largest budget its tree may take, positions to draft: 0
+        for a plain target step)."""
+        return method, self.budget, depth
+
+    def chain_length(self, top_scores, budget):
+        """The chain's length, given each position's best draft score."""
+        return budget
+
+    def tree_budget(self, tree, modes, one_mode_tree=None):
+        """The budget of the tree verified this round, given the tree built at the largest one
+        (nested: a smaller budget keeps its best nodes)."""
+        return self.budget
+
+    def observe(self, tree, path, accepted):
+        """Learn from a verified round: ``path`` from the root, its first ``accepted`` entries kept."""
+
+
+class AutoBudget:
+    """``tree_budget="auto"``: each round takes the budget (and, for the mixture, whether to draft
+    all modes; and whether to speculate at all) with the most expected tokens per second, from this
+    machine's costs (measured once, cached) and the acceptance table it calibrates."""
+
+    def __init__(self, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask):
+        """``sampling``: (temperature, top-k, top-p). The cost measurement runs here, outside the
+        generation's time."""
+        block = draft.config.block_size
+        costs = round_costs(draft, target, input_ids, make_verifier, ancestor_mask)
+        self.chooser = BudgetChooser(costs, method, draft.config.num_modes,
+                                     max_budget=block - 1 if method == "chain" else None,
+                                     table=calibration(draft, costs.key, method, sampling))
+        if method == "chain":  # every length up to the block, not only the powers of two
+            self.chooser.budgets = list(range(1, block))
+
+    @property
+    def costs_key(self):
+        """The cached cost measurement's name (``SpecDecodingOutput.round_costs_key``)."""
+        return self.chooser.costs.key
+
+    def plan(self, method, depth):
+        chooser = self.chooser
+        if depth > 0 and not chooser.speculate():
+            return method, chooser.max_budget, 0  # speculation has been losing on this machine
+        if method == "mixture" and not chooser.all_modes():
+            method = "product"  # the gate's one mode: all modes have not been paying
+        return method, chooser.max_budget, depth
+
+    def chain_length(self, top_scores, budget):
+        """The chain length with the most expected tokens per second (one host read of the scores)."""
+        prefix = torch.cumsum(top_scores[:, 0], dim=0).double() / SCORE_SCALE
+        length, _, rate = self.chooser.best(prefix.tolist(), 1)
+        self.chooser.record("one", rate)
+        self.chooser.settle()
+        return length
+
+    def tree_budget(self, tree, modes, one_mode_tree=None):
+        """The budget with the most expected tokens per second for this round's tree, drafted with
+        ``modes`` modes. ``one_mode_tree()`` (the mixture's rounds) builds the gate's one-mode
+        tree, priced too so that the chooser learns whether all modes pay."""
+        chooser = self.chooser
+        budget, _, rate = chooser.best(_logprobs(tree, best_first=True), modes)
+        chooser.record("all" if modes > 1 else "one", rate)
+        if one_mode_tree is not None and modes > 1:
+            chooser.record("one", chooser.best(_logprobs(one_mode_tree(), best_first=True), 1)[2])
+        chooser.settle()
+        return budget
+
+    def observe(self, tree, path, accepted):
+        """Calibrate: which of the tree's nodes did the target accept."""
+        if tree.num_nodes > 0:
+            kept = set(path[1:accepted].tolist())
+            self.chooser.observe(_logprobs(tree), [i in kept for i in range(1, tree.num_nodes + 1)])
+
+
+def _logprobs(tree, best_first=False):
+    """The draft log-probabilities (nats) of the tree's nodes below the root."""
+    values = (tree.scores[1:].double() / SCORE_SCALE).tolist()
+    return sorted(values, reverse=True) if best_first else values
+
+
+def make_planner(tree_budget, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask):
+    """The planner for a ``tree_budget`` that ``spec_generate`` has checked: an int or ``"auto"``."""
+    if tree_budget == "auto":
+        return AutoBudget(draft, target, input_ids, method, sampling, make_verifier, ancestor_mask)
+    return FixedBudget(tree_budget)
