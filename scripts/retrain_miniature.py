@@ -17,7 +17,8 @@ first that many (`data.limit`), so a regeneration that goes on writing changes n
 trained.
 
 Git keeps what a stage measured, never what it trained: the answers (data/smollm2/train,
-heldout), every bench's results and finished prompts, every evaluation, the ledger, and a trained
+heldout), every bench's results and finished prompts (packed as progress.jsonl.gz once the bench
+is done; `bench --resume` reads it back), every evaluation, the ledger, and a trained
 drafter's config. The weights themselves (`final/model.safetensors`) are not tracked: a checkpoint
 is rebuilt from its recipe by running its stage again, and data/smollm2/retrain/REBUILD.md lists
 each one's command and CPU hours (`rebuild-doc` writes it from the plan and the ledger). A train
@@ -307,6 +308,10 @@ def main(argv):
         if code != 0:
             print(f"{name} failed (exit {code}); fix it and run again: finished stages are kept", flush=True)
             return code
+        if command[1] == "bench":  # a finished journal is kept packed; a later --resume unpacks it
+            from mfd_hub.zoo.bench import pack_journal
+
+            pack_journal(marker.parent)
     print("every stage is done", flush=True)
     return 0
 

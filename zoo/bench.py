@@ -15,6 +15,7 @@ At temperature 0 every speculative output is also checked against plain decoding
 """
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -106,6 +107,7 @@ class RunStats:
 
 
 PROGRESS_NAME = "progress.jsonl"
+PACKED_PROGRESS_NAME = PROGRESS_NAME + ".gz"
 
 
 class BenchJournal:
@@ -117,25 +119,31 @@ class BenchJournal:
     and runs only the rest; other settings are refused. Without it an old journal is discarded and
     the run starts afresh (its results would be replaced anyway). A line cut by a crash is dropped.
     Timings read back were taken when their prompt ran: each prompt's plain and speculative runs
-    side by side, so ratios stay fair across the runs that resume one another."""
+    side by side, so ratios stay fair across the runs that resume one another.
+
+    A finished run's journal may be kept packed (``pack_journal``: ``progress.jsonl.gz``, a fifth
+    of the size, so that results kept in git stay small); a resume checks its settings first (a
+    refused resume leaves it as it was), then unpacks it and goes on as above."""
 
     def __init__(self, out_dir, settings, resume=False):
         self.path = Path(out_dir) / PROGRESS_NAME
+        packed = self.path.with_name(PACKED_PROGRESS_NAME)
         self.settings = json.loads(json.dumps(settings))  # as it reads back
         self.units = {}
-        if not resume and self.path.exists():
-            self.path.unlink()
+        if not resume:
+            for old in (self.path, packed):
+                if old.exists():
+                    old.unlink()
+        if not self.path.exists() and packed.exists():
+            text = gzip.decompress(packed.read_bytes())
+            self._check_header(text.split(b"\n", 1)[0], packed)
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_bytes(text)
+            temporary.replace(self.path)
+            packed.unlink()
         if self.path.exists():
             lines = self.path.read_bytes().split(b"\n")
-            try:
-                header = json.loads(lines[0])
-            except json.JSONDecodeError:
-                raise MfdHubError(f"{self.path}: not a bench progress file; run without --resume to replace it") from None
-            if header.get("settings") != self.settings:
-                changed = sorted(k for k in set(self.settings) | set(header.get("settings") or {})
-                                 if (header.get("settings") or {}).get(k) != self.settings.get(k))
-                raise MfdHubError(f"{self.path} holds a bench run with other settings ({', '.join(changed)}); "
-                                  "resume it with the same ones, or run without --resume to start afresh")
+            self._check_header(lines[0], self.path)
             if lines[-1]:  # a line cut by a crash: drop it, so that the next line starts clean
                 with open(self.path, "r+b") as handle:
                     handle.truncate(sum(len(line) + 1 for line in lines[:-1]))
@@ -148,6 +156,17 @@ class BenchJournal:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._append({"format": "mfd-hub-bench-progress-1", "settings": self.settings})
+
+    def _check_header(self, first_line, path):
+        try:
+            header = json.loads(first_line)
+        except json.JSONDecodeError:
+            raise MfdHubError(f"{path}: not a bench progress file; run without --resume to replace it") from None
+        if header.get("settings") != self.settings:
+            changed = sorted(k for k in set(self.settings) | set(header.get("settings") or {})
+                             if (header.get("settings") or {}).get(k) != self.settings.get(k))
+            raise MfdHubError(f"{path} holds a bench run with other settings ({', '.join(changed)}); "
+                              "resume it with the same ones, or run without --resume to start afresh")
 
     @staticmethod
     def _ids_digest(ids):
@@ -174,6 +193,20 @@ class BenchJournal:
             handle.write(json.dumps(document) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def pack_journal(out_dir):
+    """Store a bench folder's ``progress.jsonl`` as ``progress.jsonl.gz`` (byte-reproducible: no
+    time stamp), which ``BenchJournal`` reads back on a resume. -> whether a journal was packed."""
+    plain = Path(out_dir) / PROGRESS_NAME
+    if not plain.exists():
+        return False
+    packed = plain.with_name(PACKED_PROGRESS_NAME)
+    temporary = packed.with_suffix(".tmp")
+    temporary.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+    temporary.replace(packed)
+    plain.unlink()
+    return True
 
 
 def _tree_coverage(stats, tree, tokens, logits, temperature):

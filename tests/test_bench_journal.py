@@ -1,0 +1,47 @@
+"""A finished bench's journal kept packed (progress.jsonl.gz) resumes like the plain one; a refused
+resume leaves it as it was."""
+
+import pytest
+
+from mfd_hub.errors import MfdHubError
+from mfd_hub.zoo.bench import PACKED_PROGRESS_NAME, PROGRESS_NAME, BenchJournal, RunStats, pack_journal
+
+SETTINGS = {"target": "t", "methods": ["chain"], "budgets": [4]}
+
+
+def _journal_with_two_prompts(folder):
+    journal = BenchJournal(folder, SETTINGS)
+    for name in ("p0", "p1"):
+        journal.add(0.0, name, _ids(name), {"plain": {"tokens": 3}, "cells": [RunStats(drafter="d", method="chain", budget=4, temperature=0.0)]})
+    return journal
+
+
+def _ids(name):
+    import torch
+
+    return torch.tensor([[1, 2, 3 if name == "p0" else 4]])
+
+
+def test_a_packed_journal_resumes_with_every_finished_prompt(tmp_path):
+    _journal_with_two_prompts(tmp_path)
+    plain_bytes = (tmp_path / PROGRESS_NAME).read_bytes()
+    assert pack_journal(tmp_path) and not (tmp_path / PROGRESS_NAME).exists()
+    packed = (tmp_path / PACKED_PROGRESS_NAME).read_bytes()
+    assert len(packed) < len(plain_bytes)
+    resumed = BenchJournal(tmp_path, SETTINGS, resume=True)
+    assert len(resumed) == 2 and resumed.get(0.0, "p1", _ids("p1"))["plain"] == {"tokens": 3}
+    assert resumed.get(0.0, "p2", _ids("p2")) is None
+    assert (tmp_path / PROGRESS_NAME).read_bytes() == plain_bytes and not (tmp_path / PACKED_PROGRESS_NAME).exists()
+    assert pack_journal(tmp_path) and (tmp_path / PACKED_PROGRESS_NAME).read_bytes() == packed  # reproducible bytes
+    assert not pack_journal(tmp_path / "empty")
+
+
+def test_a_refused_resume_leaves_the_packed_journal_untouched(tmp_path):
+    _journal_with_two_prompts(tmp_path)
+    pack_journal(tmp_path)
+    packed = (tmp_path / PACKED_PROGRESS_NAME).read_bytes()
+    with pytest.raises(MfdHubError, match="other settings \\(budgets\\)"):
+        BenchJournal(tmp_path, {**SETTINGS, "budgets": [8]}, resume=True)
+    assert (tmp_path / PACKED_PROGRESS_NAME).read_bytes() == packed and not (tmp_path / PROGRESS_NAME).exists()
+    fresh = BenchJournal(tmp_path, SETTINGS, resume=False)  # without --resume an old journal is discarded
+    assert len(fresh) == 0 and not (tmp_path / PACKED_PROGRESS_NAME).exists()
