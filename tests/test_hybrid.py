@@ -14,14 +14,6 @@ from mfd_hub.kernels.tree_attention import ancestor_mask
 from mfd_hub.remote.hybrid_mfd import HybridVerifier
 from mfd_hub.remote.targets_mfd import AttentionVerifier, UnsupportedTargetError, make_verifier
 from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_drafter, tiny_target
-from stats_helpers import (
-    SAMPLES,
-    SAMPLING_CASES,
-    chi_square_pvalue,
-    exact_sequence_probs,
-    sample_distribution,
-    tiny_sampling_pair,
-)
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # (family, layer count, layer_types): None is the config's default, one full layer in four
@@ -297,19 +289,3 @@ def test_unsupported_targets_are_refused():
     odd = tiny_target("qwen3_5_text", vocab_size=16, layer_types=[LINEAR, "sliding_attention", LINEAR, FULL])
     with pytest.raises(UnsupportedTargetError, match="sliding_attention"):
         drafter.spec_generate(odd, torch.tensor([[1, 2]]), max_new_tokens=4)
-
-
-# ---- T > 0: the same distribution as plain sampling ---------------------------------------------
-HYBRID_SAMPLING = [(family, method, rule) for method, rule in SAMPLING_CASES for family in ("qwen3_5_text",)]
-HYBRID_SAMPLING += [("qwen3_next", method, rule) for method, rule in SAMPLING_CASES if method == "mixture"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family,method,rule", HYBRID_SAMPLING, ids=[f"{f}-{m}" for f, m, _ in HYBRID_SAMPLING])
-def test_sampling_matches_the_exact_distribution(family, method, rule):
-    target, drafter = tiny_sampling_pair(family, layer_types=[LINEAR, FULL])
-    prompt = [1, 2]
-    exact = exact_sequence_probs(target, prompt, rule)
-    counts = sample_distribution(drafter, target, prompt, rule, method)
-    assert all(exact[s] > 0 for s in counts), "a sequence plain sampling can never produce"
-    assert chi_square_pvalue(counts, exact, SAMPLES) > 1e-3

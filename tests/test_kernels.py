@@ -17,7 +17,14 @@ from mfd_hub.kernels.tree_attention import (
     verify_attention_bias,
     verify_attention_bias_reference,
 )
-from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates, draft_tree, log_normaliser, top_candidates
+from mfd_hub.kernels.tree_build import (
+    build_mixture_tree,
+    draft_candidates,
+    draft_tree,
+    log_normaliser,
+    quantize_logprobs,
+    top_candidates,
+)
 from mfd_hub.testing import chain_tree, random_tree, tiny_drafter, tiny_target
 from test_generation import greedy_reference
 
@@ -125,10 +132,16 @@ def test_tree_build_equals_reference_on_larger_shapes(forced_triton, budget, m, 
         assert got.parents.tolist() == list(range(-1, min(budget, length)))
 
 
-def test_shapes_beyond_the_kernels_use_the_reference(forced_triton):
-    logits = torch.randn(2, 3, 5, device=forced_triton)
-    scores, ids = top_candidates(logits, 300, log_normaliser(logits))
-    assert_same_tree(draft_tree(scores, ids, 300, 0, 5), build_mixture_tree(scores, ids, 300, 0))  # B > 256
+def test_shapes_beyond_the_kernels_equal_brute_force(forced_triton):
+    """B > 256 leaves the Triton kernel for the reference: its tree is still the exact top-B
+    (584 prefixes of 3 tokens over 8, enumerated)."""
+    from test_trees import assert_tree_is_brute_force_top
+
+    logprobs = torch.log_softmax(torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(5)), dim=-1)
+    scores, ids = top_candidates(logprobs.to(forced_triton), 300)
+    tree = draft_tree(scores, ids, 300, 7, 8)
+    assert tree.num_nodes == 300
+    assert_tree_is_brute_force_top(tree, quantize_logprobs(logprobs), 300, 3, 7)
 
 
 # ---- tree attention, accept walk, KV compaction -----------------------------------------------

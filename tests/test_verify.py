@@ -9,13 +9,15 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import one_error_line, run_cli, tree_state
+from conftest import REPO, one_error_line, run_cli, tree_state
 from mfd_hub import __version__, save_draft
 from mfd_hub.bundle import HEADER_PREFIX
 from mfd_hub.converters import reduce_vocabulary
@@ -375,3 +377,79 @@ def test_verify_with_a_target_in_text_mode(corpus):
 def test_missing_path_is_one_line(tmp_path):
     result = run_cli(["verify", str(tmp_path / "nothing-here")], tmp_path)
     assert result.returncode == 1 and one_error_line(result), result.stderr
+
+
+# ---- the auto-model and spec-decoding checks failing for real ----------------------------------
+def altered_install(tmp_path, edits):
+    """A copy of this mfd-hub, importable through PYTHONPATH, with ``edits`` ({file: (old, new)},
+    paths in the installed package) applied: an mfd-hub release with a real defect. Its bundle is
+    generated from its own files, so a drafter it saves passes the byte-identity gate."""
+    site = tmp_path / "site"
+    skip = shutil.ignore_patterns("__pycache__", "*.safetensors")
+    for package, source in {"mfd_hub": "mfd_hub", "mfd_hub/kernels": "kernels", "mfd_hub/converters": "converters",
+                            "mfd_hub/cards": "cards", "mfd_hub/recipes": "recipes", "mfd_hub/zoo": "zoo"}.items():
+        shutil.copytree(REPO / source, site / package, ignore=skip, dirs_exist_ok=True)
+    for name, (old, new) in edits.items():
+        path = site / name
+        text = path.read_text(encoding="utf-8")
+        assert text.count(old) == 1, (name, old)
+        path.write_text(text.replace(old, new), encoding="utf-8")
+    return site
+
+
+SAVE_AND_VERIFY = """
+import json, sys, torch
+import mfd_hub
+assert mfd_hub.__file__.startswith(sys.argv[1]), mfd_hub.__file__  # the altered copy, not the checkout
+from mfd_hub.checkpoint import save_draft
+from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_target
+from mfd_hub.verify import verify_checkpoint
+target = tiny_target("qwen3", vocab_size=16, init_std=0.2)
+save_tiny_target("target", target)
+save_draft(tiny_drafter(target, num_modes=3, block_size=8), "drafter")
+report = verify_checkpoint("drafter", target="target" if sys.argv[2] == "1" else None)
+print(json.dumps({c.name: [c.status, c.reason] for c in report.checks}))
+"""
+
+
+def verify_under(site, tmp_path, with_target):
+    """Save a drafter and verify it (against a target: spec-decoding runs), all in a real process
+    running the altered install."""
+    env = dict(os.environ, PYTHONPATH=str(site), MFD_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf"), TRANSFORMERS_VERBOSITY="error", PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run([sys.executable, "-c", SAVE_AND_VERIFY, str(site), str(int(with_target))], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# appended to the bundle the altered release generates (its own modules stay importable)
+BROKEN_BUNDLES = {
+    "syntax-error": ('out["modeling_mfd.py"] += "\\ndef unfinished(:\\n"', "SyntaxError"),
+    "missing-class": ('out["modeling_mfd.py"] = out["modeling_mfd.py"].replace("class DFlashDraftModel(", '
+                      '"class DraftModelRenamed(")', "DFlashDraftModel"),
+    "imports-mfd_hub": ('out["modeling_mfd.py"] += "\\nimport mfd_hub.remote\\n"', "mfd_hub"),
+}
+
+
+@pytest.mark.parametrize("defect", BROKEN_BUNDLES)
+def test_a_bundle_that_does_not_load_fails_auto_model(tmp_path, defect):
+    """The defect is in the bundle the release writes, so the drafter's code is byte-identical to
+    the installed bundle and verify runs it: the load fails in verify's own AutoModel process."""
+    change, named = BROKEN_BUNDLES[defect]
+    site = altered_install(tmp_path, {"mfd_hub/bundle.py": ("        out[name] = header + flat\n",
+                                                            f"        out[name] = header + flat\n    {change}\n")})
+    checks = verify_under(site, tmp_path, with_target=False)
+    assert checks["remote-code"][0] == PASS, checks  # past the byte-identity gate
+    status, reason = checks["auto-model"]
+    assert status == FAIL and reason.startswith("AutoModel.from_pretrained failed") and named in reason, checks
+
+
+def test_a_verifier_bug_fails_spec_decoding(tmp_path):
+    """A release whose attention verifier lets every tree node attend to every other (the tree
+    mask dropped): its drafters load, and decode differently from the target."""
+    bug = ("verify_attention_bias(tree_mask, ", "verify_attention_bias(torch.ones_like(tree_mask), ")
+    checks = verify_under(altered_install(tmp_path, {"mfd_hub/remote/targets_mfd.py": bug}), tmp_path, with_target=True)
+    assert checks["auto-model"][0] == PASS, checks
+    status, reason = checks["spec-decoding"]
+    assert status == FAIL and "departs from the target's greedy decoding at token" in reason, checks
