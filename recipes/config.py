@@ -40,7 +40,10 @@ class DrafterSection:
     train_lm_head: bool = False  # train the draft-vocabulary head (it starts as the target's rows)
     target_layer_ids: typing.Optional[list] = None  # scratch: the taps; a base: checked against it
     mask_token_id: typing.Optional[int] = None  # scratch: required; a base: checked against it
-    block_size: typing.Optional[int] = None  # scratch: default 16; a base: checked against it
+    block_size: typing.Optional[int] = None  # scratch: default 16; a base: checked against it (see resize_block)
+    # a base's block may differ from block_size: the drafter is rebuilt to draft blocks of block_size (no
+    # weight depends on the block's length; positions beyond the base's own start untrained)
+    resize_block: bool = False
     config: dict = field(default_factory=dict)  # scratch: DFlashConfig fields (layers, heads, ...)
 
 

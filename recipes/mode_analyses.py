@@ -285,6 +285,8 @@ class ModeAnalyses:
                 cell["rounds"] += len(rounds)
                 if detail:
                     sums.setdefault("rounds", {})[f"{name}@{b}"] = rounds
+        for cell in sums["cells"].values():  # 6 digits: a prompt's journal line stays a few kB, exact on resume
+            cell["mass_per_depth"] = [float(f"{m:.6g}") for m in cell["mass_per_depth"]]
         if detail:
             sums["details"] = details
             sums["greedy_answer"] = answer[:length]
@@ -552,14 +554,23 @@ class AnalysesJournal:
                     entry = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                self.done[entry["record"]] = entry["sums"]
+                self.done[entry["record"]] = self._unpack(entry["sums"])
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._append({"format": FORMAT, "settings": self.settings})
 
+    CELL = ("accepted", "accepted_forks", "round_tokens", "rounds")
+
     def add(self, record, sums):
-        self._append({"record": record, "sums": sums})
+        packed = {**sums, "cells": {name: [*(c[k] for k in self.CELL), *c["mass_per_depth"]]
+                                    for name, c in sums["cells"].items()}}
+        self._append({"record": record, "sums": packed})
         self.done[record] = sums
+
+    def _unpack(self, sums):
+        n = len(self.CELL)
+        return {**sums, "cells": {name: {**dict(zip(self.CELL, row[:n])), "mass_per_depth": row[n:]}
+                                  for name, row in sums["cells"].items()}}
 
     def _append(self, document):
         with open(self.path, "a", encoding="utf-8") as handle:

@@ -286,7 +286,8 @@ def build_drafter(recipe, target_info, lm_head, sequences, embed=None):
         cfg = model.config
         _expect(r.target_layer_ids, list(cfg.target_layer_ids), "target_layer_ids", r.base)
         _expect(r.mask_token_id, cfg.mask_token_id, "mask_token_id", r.base)
-        _expect(r.block_size, cfg.block_size, "block_size", r.base)
+        if not r.resize_block:
+            _expect(r.block_size, cfg.block_size, "block_size", r.base)
         for key, ours in (("hidden_size", cfg.hidden_size), ("vocab_size", cfg.vocab_size),
                           ("num_hidden_layers", cfg.num_target_layers)):
             if target_info[key] != ours:
@@ -299,6 +300,11 @@ def build_drafter(recipe, target_info, lm_head, sequences, embed=None):
         if cfg.default_path and not r.default_path:
             raise MfdHubError(f"the base {r.base} is an MFD-D drafter; set drafter.default_path: true")
     cfg = model.config
+    if r.base != SCRATCH and r.resize_block and r.block_size and r.block_size != cfg.block_size:
+        resized = {"base": cfg.block_size, "now": r.block_size}
+        model, _ = _rebuilt(model, block_size=r.block_size)
+        model.config.mfd_metadata = {**model.config.mfd_metadata, "block_resized": resized}
+        cfg = model.config
     if r.num_modes and (cfg.num_modes == 0 or (r.default_path and not cfg.default_path)):
         model = add_modes(model, r.num_modes, r.default_path, r.mode_init_std, recipe.train.seed,
                           mode_norm=mode_init_norm(recipe, model, embed))
@@ -412,7 +418,7 @@ def make_optimizer(top, t):
 def training_settings(recipe):
     """The knobs a trained drafter records in its metadata (``training.settings``)."""
     r, loss, t = recipe.drafter, recipe.loss, recipe.train
-    return {"block_size": r.block_size, "mode_init": r.mode_init, "mode_init_scale": r.mode_init_scale,
+    return {"block_size": r.block_size, "resize_block": r.resize_block, "mode_init": r.mode_init, "mode_init_scale": r.mode_init_scale,
             "mode_init_std": r.mode_init_std, "mode_lr_scale": t.mode_lr_scale, "alpha": loss.alpha,
             "winner_weight": loss.winner_weight, "gate_weight": loss.gate_weight, "gate_input": loss.gate_input,
             "lr": t.lr, "anchors_per_sequence": t.anchors_per_sequence, "batch_size": t.batch_size}

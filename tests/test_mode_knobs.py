@@ -186,3 +186,31 @@ def test_a_trained_checkpoint_records_its_knobs(workspace, tmp_path):
         "mode_init": "token_scale", "mode_lr_scale": 10.0, "winner_weight": 1.0, "gate_weight": 0.3,
         "gate_input": "detached"}
     assert math.isfinite(summary["final_loss"])
+
+
+def test_resize_block_lets_a_fine_tune_draft_longer_blocks_than_its_base(workspace):
+    """drafter.resize_block: the base's weights, unchanged, drafting blocks of the recipe's size
+    (recorded); without it a block size other than the base's is refused, as before."""
+    root, target = workspace
+    embed = target.model.embed_tokens.weight.detach()
+    longer = build_drafter(_recipe(root, "drafter.block_size=16", "drafter.resize_block=true"), _info(target),
+                           target.lm_head.weight, [], embed=embed)
+    same = build_drafter(_recipe(root), _info(target), target.lm_head.weight, [], embed=embed)
+    assert (longer.config.block_size, same.config.block_size) == (16, 8)
+    assert longer.config.mfd_metadata["block_resized"] == {"base": 8, "now": 16}
+    for name, tensor in same.state_dict().items():
+        assert torch.equal(tensor, longer.state_dict()[name]), name
+    with pytest.raises(MfdHubError, match="block_size"):
+        build_drafter(_recipe(root, "drafter.block_size=16"), _info(target), target.lm_head.weight, [], embed=embed)
+
+
+def test_a_checkpoint_made_before_the_knobs_resumes_as_their_defaults(workspace):
+    from mfd_hub.recipes.trainer import recipe_changes
+
+    root, _ = workspace
+    saved = _recipe(root).to_dict()
+    for section, key in (("drafter", "mode_init"), ("drafter", "mode_init_scale"), ("drafter", "resize_block"),
+                         ("train", "mode_lr_scale"), ("loss", "gate_input")):
+        del saved[section][key]
+    assert recipe_changes(saved, _recipe(root).to_dict()) == []
+    assert recipe_changes(saved, _recipe(root, "loss.gate_input=detached").to_dict()) == ["loss.gate_input"]
