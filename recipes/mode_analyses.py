@@ -27,7 +27,9 @@ Measures, per construction and budget:
   ``max_new_tokens``, a stop token ends it): at T = 0 in fp32 these are ``spec_generate``'s
   acceptance lengths, so the offline measure can be held against the bench's tau;
 - with ``mass``: the target probability mass the tree covers per depth (the expected accepted
-  tokens at T = 1), from one target verification of the union of all the anchor's trees.
+  tokens at T = 1), for the main constructions (MASS_CONSTRUCTIONS), from one target verification
+  of the union of the anchor's trees, at every ``mass_every``-th anchor (a target pass over a few
+  hundred nodes costs seconds on a CPU: every 8th anchor is an unbiased sample at an eighth).
 
 The fork analysis: an anchor is a fork when the target's runner-up token after it has at least
 ``FORK_RUNNER_UP`` probability; reported are the share of anchors that are forks and the share of
@@ -57,6 +59,7 @@ from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates
 FORK_RUNNER_UP = 0.10  # the paper's threshold on the target's second most probable token
 BUDGETS = (16, 32, 64)
 BASE_CONSTRUCTIONS = ("mixture", "mean_marginals", "shuffled", "dpace", "gate", "random_norms")
+MASS_CONSTRUCTIONS = ("mixture", "mean_marginals", "shuffled", "dpace", "gate")
 PROGRESS_NAME = "progress.jsonl"
 REPORT_NAME = "analyses.json"
 FORMAT = "mfd-hub-mode-analyses-1"
@@ -146,7 +149,7 @@ class ModeAnalyses:
     ``target``, all fp32, on the same device. ``analyse(prompt_ids)`` -> one prompt's sums."""
 
     def __init__(self, target, mfd, control, budgets=BUDGETS, max_new_tokens=128, stop_ids=(), mass=False,
-                 seed=0, anchors_per_pass=16):
+                 seed=0, anchors_per_pass=16, mass_every=1):
         from mfd_hub.remote.generation_mfd import _check_pair
 
         if not mfd.config.num_modes or mfd.config.num_modes < 2:
@@ -161,7 +164,7 @@ class ModeAnalyses:
         self.target, self.mfd, self.control = target, mfd.eval(), control.eval()
         self.budgets = sorted(int(b) for b in budgets)
         self.max_new_tokens, self.stop_ids = int(max_new_tokens), set(int(t) for t in stop_ids)
-        self.mass, self.seed, self.anchors_per_pass = mass, seed, anchors_per_pass
+        self.mass, self.seed, self.anchors_per_pass, self.mass_every = mass, seed, anchors_per_pass, int(mass_every)
         self.names = constructions(mfd.config.num_modes)
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         # drawn once per run: the ablation asks whether any vectors of these norms would do
@@ -245,10 +248,12 @@ class ModeAnalyses:
             return trees[key]
 
         verifier = self._mass_verifier(prompt) if self.mass else None
+        committed = 0  # answer tokens in the verifier's cache
         for i in anchors:
             continuation = answer[i + 1 : i + 1 + self.drafted_positions]
             fork = bool(runner_up[i] >= FORK_RUNNER_UP)
-            union = {} if verifier is not None else None
+            weigh = verifier is not None and i % self.mass_every == 0
+            union = {} if weigh else None
             row = {}
             for name in self.names:
                 for b in self.budgets:
@@ -259,12 +264,17 @@ class ModeAnalyses:
                     if fork:
                         cell["accepted_forks"] += accepted
                     row[(name, b)] = {"accepted": accepted, "tree": (tokens, parents, depths)}
-                    if union is not None:
+                    if union is not None and name in MASS_CONSTRUCTIONS:
                         for prefix in tree_prefixes(tokens, parents)[1:]:
                             union.setdefault(prefix, len(union) + 1)
-            if verifier is not None:
+            if weigh:
+                self._advance(verifier, answer[committed:i])
                 path_prob = self._verify_union(verifier, answer[i], union)
+                committed = i + 1
+                sums["mass_anchors"] += 1
                 for (name, b), entry in row.items():
+                    if name not in MASS_CONSTRUCTIONS:
+                        continue
                     tokens, parents, _ = entry["tree"]
                     per_depth = [0.0] * (self.drafted_positions + 1)
                     for prefix in tree_prefixes(tokens, parents)[1:]:
@@ -382,6 +392,15 @@ class ModeAnalyses:
         verifier.prefill(torch.tensor([prompt], device=self.target.device))
         return verifier
 
+    def _advance(self, verifier, tokens):
+        """Commit answer ``tokens`` to the verifier's cache as one accepted chain."""
+        if not tokens:
+            return
+        chain = torch.tensor(tokens, device=self.target.device)
+        steps = torch.arange(len(tokens), device=chain.device)
+        verifier.verify(chain, steps, ancestor_mask(steps - 1, len(tokens) - 1))
+        verifier.commit(steps)
+
     def _verify_union(self, verifier, anchor, union):
         """One verification of the root and every node of ``union`` (prefix -> node index), then the
         anchor is committed as decoding commits it -> {prefix: target probability of the prefix}."""
@@ -402,7 +421,7 @@ class ModeAnalyses:
         k = self.mfd.config.num_modes
         cell = lambda: {"accepted": 0, "accepted_forks": 0, "round_tokens": 0, "rounds": 0,  # noqa: E731
                         "mass_per_depth": [0.0] * self.drafted_positions}
-        return {"anchors": 0, "forks": 0, "cells": {f"{n}@{b}": cell() for n in self.names for b in self.budgets},
+        return {"anchors": 0, "forks": 0, "mass_anchors": 0, "cells": {f"{n}@{b}": cell() for n in self.names for b in self.budgets},
                 "gate": {"hits": 0, "entropy": 0.0, "top1_counts": [0] * k, "winner_counts": [0] * k}}
 
 
@@ -411,7 +430,7 @@ def merge(total, sums):
     """Add one prompt's sums into ``total`` (in place; returns it)."""
     if total is None:
         return json.loads(json.dumps({k: v for k, v in sums.items() if k not in ("details", "greedy_answer", "rounds")}))
-    for key in ("anchors", "forks"):
+    for key in ("anchors", "forks", "mass_anchors"):
         total[key] += sums[key]
     for name, cell in sums["cells"].items():
         mine = total["cells"][name]
@@ -471,6 +490,7 @@ def initial_modes(mfd):
 def report(total, budgets, names, geometry, settings):
     """The summed measures -> the analyses' report (a JSON-ready dict)."""
     anchors = max(1, total["anchors"])
+    weighed = max(1, total["mass_anchors"])
     cells = {}
     for name in names:
         for b in budgets:
@@ -479,8 +499,9 @@ def report(total, budgets, names, geometry, settings):
                 "tau_offline": c["accepted"] / anchors,
                 "tau_rounds": c["round_tokens"] / max(1, c["rounds"]),
                 "rounds": c["rounds"],
-                **({"mass": sum(c["mass_per_depth"]) / anchors,
-                    "mass_per_depth": [m / anchors for m in c["mass_per_depth"]]} if settings.get("mass") else {}),
+                **({"mass": sum(c["mass_per_depth"]) / weighed,
+                    "mass_per_depth": [m / weighed for m in c["mass_per_depth"]]}
+                   if settings.get("mass") and name in MASS_CONSTRUCTIONS else {}),
             }
     ratios = {}
     for name in names:
@@ -491,7 +512,7 @@ def report(total, budgets, names, geometry, settings):
             mine, control = cells[name][str(b)], cells["dpace"][str(b)]
             entry = {"tau_offline": mine["tau_offline"] / control["tau_offline"],
                      "tau_rounds": mine["tau_rounds"] / control["tau_rounds"]}
-            if settings.get("mass") and control["mass"] > 0:
+            if "mass" in mine and control["mass"] > 0:
                 entry["mass"] = mine["mass"] / control["mass"]
             ratios[name][str(b)] = entry
     forks = {"runner_up_threshold": FORK_RUNNER_UP, "anchor_share": total["forks"] / anchors, "gain_share": {}}
@@ -513,6 +534,7 @@ def report(total, budgets, names, geometry, settings):
     blocks = max(1, sum(gate["top1_counts"]))
     return {
         "format": FORMAT, "settings": settings, "prompts": total.get("prompts", 0), "anchors": total["anchors"],
+        "mass_anchors": total["mass_anchors"],
         "constructions": cells, "against_dpace": ratios, "forks": forks, "random_norms_keep": random_keeps,
         "gate": {"top1_accuracy": gate["hits"] / blocks, "chance": 1.0 / k, "mean_entropy": gate["entropy"] / blocks,
                  "max_entropy": math.log(k), "top1_share": [c / blocks for c in gate["top1_counts"]],
@@ -580,7 +602,7 @@ class AnalysesJournal:
 
 
 def analyse_modes(drafter_spec, against_spec, target_spec, data, limit=None, budgets=BUDGETS, max_new_tokens=128,
-                  mass=False, seed=0, out_dir=None, resume=False, progress=None):
+                  mass=False, seed=0, out_dir=None, resume=False, progress=None, mass_every=1):
     """What ``mfd-hub evaluate --trees`` does -> the report (written to ``<out>/analyses.json`` too).
     ``progress(prompts done now, prompts in all)`` is called as prompts finish."""
     from mfd_hub.checkpoint import load_draft
@@ -600,9 +622,10 @@ def analyse_modes(drafter_spec, against_spec, target_spec, data, limit=None, bud
     control = load_draft(against_spec).float().eval()
     target, tokenizer = load_target(target_spec)
     stops = stop_ids_of(tokenizer, target) if tokenizer is not None else []
-    analyses = ModeAnalyses(target, mfd, control, budgets, max_new_tokens, stops, mass, seed)
+    analyses = ModeAnalyses(target, mfd, control, budgets, max_new_tokens, stops, mass, seed, mass_every=mass_every)
     settings = {"drafter": str(drafter_spec), "against": str(against_spec), "target": str(target_spec),
                 "data": str(data), "budgets": analyses.budgets, "max_new_tokens": max_new_tokens, "mass": mass,
+                "mass_every": mass_every if mass else None,
                 "seed": seed, "stop_ids": sorted(analyses.stop_ids),
                 "weights": {"drafter": weights_digest(mfd), "against": weights_digest(control)}}
     journal = AnalysesJournal(out_dir, settings, resume) if out_dir else None

@@ -41,6 +41,7 @@ ROOT = Path("data/smollm2/modes")
 LEDGER = ROOT / "ledger.jsonl"
 SHIPPED_MFD, SHIPPED_DPACE = "MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"
 BUDGETS = "16,32,64"
+MASS_EVERY = 8  # the shipped pair's covered mass at every 8th anchor (a target pass over the trees' union each)
 ANALYSED_PROMPTS = 50  # held-out answers per variant's analysis (the shipped pair's uses all of them)
 # variant -> the overrides of the MFD fine-tune that make it (one knob each)
 VARIANTS = {
@@ -89,7 +90,8 @@ def best_variant():
 
 def stages(answers):
     """[(name, argv, done marker)] in the order they run; ``answers``: the frozen answer count."""
-    plan = [analyses_stage("shipped-analyses", SHIPPED_MFD, SHIPPED_DPACE, ROOT / "shipped-analyses", ["--mass"])]
+    plan = [analyses_stage("shipped-analyses", SHIPPED_MFD, SHIPPED_DPACE, ROOT / "shipped-analyses",
+                           ["--mass", "--mass-every", str(MASS_EVERY)])]
     common = finetune_overrides(answers)
     control = ROOT / "dpace-control"
     plan.append(("dpace-control", ["mfd-hub", "train", "smollm2-dpace", *common, f"output.dir={control}"],

@@ -15,6 +15,7 @@ from mfd_hub import save_draft
 from mfd_hub.kernels.tree_build import build_mixture_tree
 from mfd_hub.recipes.mode_analyses import (
     FORK_RUNNER_UP,
+    MASS_CONSTRUCTIONS,
     ModeAnalyses,
     candidate_sets,
     constructions,
@@ -91,7 +92,8 @@ def analysed():
     plain = greedy_decode(target, torch.tensor([PROMPT]), MAX_NEW)
     stop = plain[12]  # the answer's first token not seen before, half way
     assert stop not in plain[:12]
-    analyses = ModeAnalyses(target, mfd, control, budgets=(4, 9), max_new_tokens=MAX_NEW, stop_ids=[stop], mass=True)
+    analyses = ModeAnalyses(target, mfd, control, budgets=(4, 9), max_new_tokens=MAX_NEW, stop_ids=[stop], mass=True,
+                            mass_every=2)
     sums = analyses.analyse(PROMPT, detail=True)
     return target, mfd, control, stop, analyses, sums
 
@@ -114,12 +116,14 @@ def test_the_replayed_rounds_are_spec_generates_rounds(analysed):
 
 def test_offline_length_mass_and_forks_against_a_target_forward_per_prefix(analysed):
     """Each anchor's offline accepted length is the deepest prefix of the answer the tree holds, plus
-    the root; its mass per depth is the sum of every node's target probability from a plain target
-    forward per prefix; forks are the anchors whose target runner-up has >= 10%."""
+    the root; at every 2nd anchor (mass_every) the main constructions' mass per depth is the sum of
+    every node's target probability from a plain target forward per prefix; forks are the anchors
+    whose target runner-up has >= 10%."""
     target, mfd, control, stop, analyses, sums = analysed
     answer = sums["greedy_answer"]
     full = PROMPT + analyses.greedy_answer(PROMPT)[0]
-    probe = [0, 3, len(sums["details"]) - 1]
+    last = len(sums["details"]) - 1
+    probe = [0, 4, last - last % 2]
 
     @torch.no_grad()
     def next_probs(prefix):
@@ -140,6 +144,7 @@ def test_offline_length_mass_and_forks_against_a_target_forward_per_prefix(analy
             while tuple(entry["continuation"][: depth + 1]) in prefixes and depth < len(entry["continuation"]):
                 depth += 1
             assert cell["accepted"] == depth + 1, (i, name, budget)
+            assert ("mass_per_depth" in cell) == (i % 2 == 0 and name in MASS_CONSTRUCTIONS), (i, name)
             if i not in probe or name not in ("mixture", "dpace", "shuffled"):
                 continue
             mass = [0.0] * len(cell["mass_per_depth"])
@@ -150,6 +155,7 @@ def test_offline_length_mass_and_forks_against_a_target_forward_per_prefix(analy
                 mass[len(prefix) - 1] += prob
             assert cell["mass_per_depth"] == pytest.approx(mass, abs=1e-5), (i, name, budget)
     assert sums["forks"] == forks and sums["anchors"] == len(answer) - 1
+    assert sums["mass_anchors"] == len(range(0, len(answer) - 1, 2))
     assert sum(sums["cells"]["mixture@9"]["mass_per_depth"]) > 0
 
 
@@ -165,7 +171,7 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     records = [{"id": f"r{n}", "prompt_ids": [3 + n, 7, 11, 2], "response_ids": [5, 6, 7]} for n in range(2)]
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     common = ["evaluate", "mfd", "--target", "target", "--data", "heldout.jsonl", "--trees", "--against", "dpace",
-              "--budgets", "4,8", "--max-new-tokens", "12", "--out", "out", "--json"]
+              "--budgets", "4,8", "--max-new-tokens", "12", "--mass", "--mass-every", "3", "--out", "out", "--json"]
     first, again, no_against, stray = run_cli_many(
         [common, [*common, "--resume"], common[:7] + ["--trees"], common[:6] + ["--against", "dpace"]],
         tmp_path, watch=tmp_path / "out")
@@ -182,5 +188,7 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     assert [json.loads(line).get("record") for line in lines] == [None, "r0", "r1"]
     assert one_error_line(no_against) and "--against" in no_against.stderr
     assert one_error_line(stray) and "--trees" in stray.stderr
+    assert result["mass_anchors"] == 2 * 4  # anchors 0, 3, 6, 9 of each 12-token answer
+    assert "mass" in result["constructions"]["gate"]["4"] and "mass" not in result["constructions"]["random_norms"]["4"]
     tau = result["constructions"]["mixture"]["8"]["tau_offline"]
     assert math.isfinite(tau) and tau >= 1

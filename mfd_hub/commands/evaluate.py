@@ -33,13 +33,15 @@ from ._drafter import drafter_argument
               help="--trees: length of each greedy answer, as the bench's.")
 @click.option("--mass", is_flag=True, help="--trees: also the target mass each tree covers per depth (one target "
                                            "verification per anchor).")
+@click.option("--mass-every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--mass: weigh the trees at every N-th anchor only (a target pass over their union each).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="--trees: folder for progress.jsonl (one line per finished prompt) and analyses.json.")
 @click.option("--resume", is_flag=True, help="--trees: go on from the prompts finished in --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 @drafter_argument()
-def evaluate(drafter, target_spec, data, limit, anchors, seed, trees, against, budgets, max_new_tokens, mass, out_dir,
-             resume, as_json):
+def evaluate(drafter, target_spec, data, limit, anchors, seed, trees, against, budgets, max_new_tokens, mass,
+             mass_every, out_dir, resume, as_json):
     """Mode diagnostics of a drafter on held-out answers: how often each mode wins a block (covers
     the true continuation best), the effective number of modes, how often the gate's top-1 mode
     is the winner (against 1/K chance), the mean accepted-length coverage of the gate's choice,
@@ -62,8 +64,8 @@ def evaluate(drafter, target_spec, data, limit, anchors, seed, trees, against, b
         bars[0].update(done)
 
     if trees:
-        _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new_tokens, mass, out_dir, resume,
-                  as_json)
+        _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new_tokens, mass, mass_every, out_dir,
+                  resume, as_json)
         return
     if against or mass or out_dir or resume:
         raise click.UsageError("--against, --mass, --out and --resume belong to --trees")
@@ -92,8 +94,8 @@ def evaluate(drafter, target_spec, data, limit, anchors, seed, trees, against, b
     click.echo(f"loss per block        {result['loss_per_block']:.4f} ({result['loss']})")
 
 
-def _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new_tokens, mass, out_dir, resume,
-              as_json):
+def _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new_tokens, mass, mass_every, out_dir,
+              resume, as_json):
     from tqdm import tqdm
 
     from ..recipes.mode_analyses import analyse_modes
@@ -118,7 +120,7 @@ def _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new
     try:
         result = analyse_modes(drafter, against, target_spec, data, limit=limit, budgets=sizes,
                                max_new_tokens=max_new_tokens, mass=mass, seed=seed, out_dir=out_dir, resume=resume,
-                               progress=progress)
+                               progress=progress, mass_every=mass_every)
     finally:
         for bar in bars:
             bar.close()
@@ -133,6 +135,9 @@ def _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new
                                             for b in sizes))
     click.echo("mixture / dpace (offline tau): " + "  ".join(
         f"B={b} {result['against_dpace']['mixture'][str(b)]['tau_offline']:.3f}x" for b in sizes))
+    if mass:
+        click.echo(f"mixture / dpace (mass, {result['mass_anchors']} anchors): " + "  ".join(
+            f"B={b} {result['against_dpace']['mixture'][str(b)]['mass']:.3f}x" for b in sizes))
     forks = result["forks"]
     shares = ["-" if forks["gain_share"][str(b)] is None else f"{100 * forks['gain_share'][str(b)]:.1f}%" for b in sizes]
     click.echo(f"forks: {100 * forks['anchor_share']:.1f}% of anchors carry "
