@@ -10,8 +10,8 @@ from ._drafter import drafter_argument
     epilog=examples(
         "mfd-hub evaluate MFD-SmolLM2-135M --target smollm2 --data heldout.jsonl",
         "mfd-hub evaluate ./MFD-Qwen3-4B --target ./Qwen3-4B --data heldout.jsonl --limit 100 --json",
-        "mfd-hub evaluate MFD-SmolLM2-135M --trees --against DPACE-SmolLM2-135M --data data/smollm2/heldout "
-        "--out runs/analyses --resume --json",
+        "mfd-hub evaluate MFD-SmolLM2-135M --trees --against DPACE-SmolLM2-135M --data heldout.jsonl --out analyses "
+        "--resume --json",
     )
 )
 @click.option("--target", "target_spec", default="smollm2", show_default=True,
