@@ -84,10 +84,14 @@ def test_random_directions_keep_each_modes_norm_and_change_its_direction():
 
 @pytest.fixture(scope="module")
 def analysed():
-    """A tiny Qwen3 target, a 3-mode MFD drafter (block 5) and a D-PACE-like one (block 4), and one
-    prompt's analyses with every anchor's detail, a stop token in the middle of the answer."""
+    """A tiny Qwen3 target, a 3-mode MFD drafter (block 5, drafting over a draft vocabulary of 40 of
+    the 48 tokens, as the shipped ones do) and a D-PACE-like one (block 4, full vocabulary), and
+    one prompt's analyses with every anchor's detail, a stop token in the middle of the answer."""
+    from mfd_hub.converters.draft_vocab import reduce_vocabulary
+
     target = tiny_target("qwen3", vocab_size=48, num_layers=4, init_std=0.2, seed=1)
-    mfd = tiny_drafter(target, num_modes=3, block_size=5, seed=1, initializer_range=0.2)
+    full = tiny_drafter(target, num_modes=3, block_size=5, seed=1, initializer_range=0.2)
+    mfd = reduce_vocabulary(full, target.lm_head.weight.detach(), torch.arange(4, 44)).float().eval()
     control = tiny_drafter(target, block_size=4, seed=2, initializer_range=0.2)
     plain = greedy_decode(target, torch.tensor([PROMPT]), MAX_NEW)
     stop = plain[12]  # the answer's first token not seen before, half way
