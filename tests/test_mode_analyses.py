@@ -175,7 +175,7 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     records = [{"id": f"r{n}", "prompt_ids": [3 + n, 7, 11, 2], "response_ids": [5, 6, 7]} for n in range(2)]
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     common = ["evaluate", "mfd", "--target", "target", "--data", "heldout.jsonl", "--trees", "--against", "dpace",
-              "--budgets", "4,8", "--max-new-tokens", "12", "--mass", "--mass-every", "3", "--out", "out", "--json"]
+              "--budgets", "4,8", "--max-new-tokens", "8", "--mass", "--mass-every", "3", "--out", "out", "--json"]
     first, again, no_against, stray = run_cli_many(
         [common, [*common, "--resume"], common[:7] + ["--trees"], common[:6] + ["--against", "dpace"]],
         tmp_path, watch=tmp_path / "out")
@@ -192,7 +192,7 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     assert [json.loads(line).get("record") for line in lines] == [None, "r0", "r1"]
     assert one_error_line(no_against) and "--against" in no_against.stderr
     assert one_error_line(stray) and "--trees" in stray.stderr
-    assert result["mass_anchors"] == 2 * 4  # anchors 0, 3, 6, 9 of each 12-token answer
+    assert result["mass_anchors"] == 2 * 3  # anchors 0, 3 and 6 of each 8-token answer
     assert "mass" in result["constructions"]["gate"]["4"] and "mass" not in result["constructions"]["random_norms"]["4"]
     tau = result["constructions"]["mixture"]["8"]["tau_offline"]
     assert math.isfinite(tau) and tau >= 1
