@@ -39,11 +39,16 @@ to it), their cosine to their random start when the checkpoint records its seed,
 angles, and the gate: how often its top-1 is the mode that covers the greedy answer best, and its
 mean entropy against ln K.
 
+The target's greedy answers are kept in the user's mfd-hub cache (``greedy-answers``), keyed by
+the target's weights, dtype and device, the prompt and the length: the analyses of several drafters
+with one target (the shipped pair's, each fine-tune's) decode each prompt once.
+
 Long runs are resumable: each finished prompt's sums are appended to ``<out>/progress.jsonl``
 (the first line holds the settings; a run with other settings is refused), and a later run with
 ``resume`` computes only the prompts not there.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -149,7 +154,7 @@ class ModeAnalyses:
     ``target``, all fp32, on the same device. ``analyse(prompt_ids)`` -> one prompt's sums."""
 
     def __init__(self, target, mfd, control, budgets=BUDGETS, max_new_tokens=128, stop_ids=(), mass=False,
-                 seed=0, anchors_per_pass=16, mass_every=1):
+                 seed=0, anchors_per_pass=16, mass_every=1, answers_key=None):
         from mfd_hub.remote.generation_mfd import _check_pair
 
         if not mfd.config.num_modes or mfd.config.num_modes < 2:
@@ -165,6 +170,9 @@ class ModeAnalyses:
         self.budgets = sorted(int(b) for b in budgets)
         self.max_new_tokens, self.stop_ids = int(max_new_tokens), set(int(t) for t in stop_ids)
         self.mass, self.seed, self.anchors_per_pass, self.mass_every = mass, seed, anchors_per_pass, int(mass_every)
+        # with a key naming the target (its weights, dtype, device), greedy answers are kept in the user's
+        # cache: every analysis with this target (the shipped pair's, each variant's) answers a prompt once
+        self.answers_key = answers_key
         self.names = constructions(mfd.config.num_modes)
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         # drawn once per run: the ablation asks whether any vectors of these norms would do
@@ -179,8 +187,21 @@ class ModeAnalyses:
         its first stop token; the answer goes on a block past that, so every tree can be matched."""
         from mfd_hub.targets import greedy_decode
 
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.target.device)[None]
-        answer = greedy_decode(self.target, ids, self.max_new_tokens + self.drafted_positions, stop_ids=None)
+        from mfd_hub.cache import read_record, write_record
+
+        tokens = self.max_new_tokens + self.drafted_positions
+        key = None
+        if self.answers_key is not None:
+            text = json.dumps([self.answers_key, [int(t) for t in prompt_ids], tokens])
+            key = hashlib.sha256(text.encode()).hexdigest()[:32]
+        known = read_record("greedy-answers", key) if key else None
+        if known is not None:
+            answer = known["answer"]
+        else:
+            ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.target.device)[None]
+            answer = greedy_decode(self.target, ids, tokens, stop_ids=None)
+            if key:
+                write_record("greedy-answers", key, {"answer": answer})
         length = min(self.max_new_tokens, len(answer))
         for i, token in enumerate(answer[:length]):
             if token in self.stop_ids:
@@ -622,7 +643,9 @@ def analyse_modes(drafter_spec, against_spec, target_spec, data, limit=None, bud
     control = load_draft(against_spec).float().eval()
     target, tokenizer = load_target(target_spec)
     stops = stop_ids_of(tokenizer, target) if tokenizer is not None else []
-    analyses = ModeAnalyses(target, mfd, control, budgets, max_new_tokens, stops, mass, seed, mass_every=mass_every)
+    target_key = [weights_digest(target), str(next(target.parameters()).dtype), target.device.type]
+    analyses = ModeAnalyses(target, mfd, control, budgets, max_new_tokens, stops, mass, seed, mass_every=mass_every,
+                            answers_key=target_key)
     settings = {"drafter": str(drafter_spec), "against": str(against_spec), "target": str(target_spec),
                 "data": str(data), "budgets": analyses.budgets, "max_new_tokens": max_new_tokens, "mass": mass,
                 "mass_every": mass_every if mass else None,

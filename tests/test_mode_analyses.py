@@ -196,3 +196,19 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     assert "mass" in result["constructions"]["gate"]["4"] and "mass" not in result["constructions"]["random_norms"]["4"]
     tau = result["constructions"]["mixture"]["8"]["tau_offline"]
     assert math.isfinite(tau) and tau >= 1
+
+
+def test_greedy_answers_are_kept_per_target_and_prompt(tmp_path, monkeypatch):
+    """With a key naming the target, a prompt's greedy answer is computed once and read back from the
+    user's cache by every later analysis with that target; another key computes its own."""
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path))
+    target = tiny_target("qwen3", vocab_size=48, num_layers=2, init_std=0.2, seed=1)
+    mfd, control = tiny_drafter(target, num_modes=2, block_size=4), tiny_drafter(target, block_size=4, seed=2)
+    keyed = ModeAnalyses(target, mfd, control, budgets=(4,), max_new_tokens=6, answers_key=["tiny", "float32", "cpu"])
+    answer, length = keyed.greedy_answer(PROMPT)
+    assert answer == greedy_decode(target, torch.tensor([PROMPT]), 6 + 3) and length == 6
+    (record,) = (tmp_path / "greedy-answers").iterdir()
+    record.write_text(json.dumps({"answer": [1] * 9}))  # what a later run reads instead of decoding
+    assert keyed.greedy_answer(PROMPT)[0] == [1] * 9
+    other = ModeAnalyses(target, mfd, control, budgets=(4,), max_new_tokens=6, answers_key=["other", "float32", "cpu"])
+    assert other.greedy_answer(PROMPT)[0] == answer
