@@ -176,8 +176,9 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     common = ["evaluate", "mfd", "--target", "target", "--data", "heldout.jsonl", "--trees", "--against", "dpace",
               "--budgets", "4,8", "--max-new-tokens", "8", "--mass", "--mass-every", "3", "--out", "out", "--json"]
-    first, again, no_against, stray = run_cli_many(
-        [common, [*common, "--resume"], common[:7] + ["--trees"], common[:6] + ["--against", "dpace"]],
+    other = [*common, "--resume", "--max-new-tokens", "6"]
+    first, again, changed, no_against, stray = run_cli_many(
+        [common, [*common, "--resume"], other, common[:7] + ["--trees"], common[:6] + ["--against", "dpace"]],
         tmp_path, watch=tmp_path / "out")
     assert first.returncode == 0, first.stderr
     result = json.loads(first.stdout)
@@ -190,6 +191,8 @@ def test_evaluate_trees_writes_resumes_and_refuses_bad_options(tmp_path):
     assert again.state["progress.jsonl"] == first.state["progress.jsonl"]  # not even touched
     lines = (tmp_path / "out" / "progress.jsonl").read_text().splitlines()
     assert [json.loads(line).get("record") for line in lines] == [None, "r0", "r1"]
+    assert one_error_line(changed) and "max_new_tokens" in changed.stderr  # a journal of other settings
+    assert changed.state["progress.jsonl"] == first.state["progress.jsonl"]
     assert one_error_line(no_against) and "--against" in no_against.stderr
     assert one_error_line(stray) and "--trees" in stray.stderr
     assert result["mass_anchors"] == 2 * 3  # anchors 0, 3 and 6 of each 8-token answer
