@@ -13,7 +13,9 @@ training stopped part way resumes from its newest checkpoint, an analysis or a b
 finished prompts, and each stage's wall and CPU time goes to data/smollm2/modes/ledger.jsonl.
 
 1. `shipped-analyses`: the analyses (docs/mode-analyses.md) of the shipped MFD drafter against the
-   shipped D-PACE drafter on the held-out answers, with the covered mass.
+   shipped D-PACE drafter on the held-out answers, with the covered mass; `parity-analyses` and
+   `parity-bench`: the same pair on the first PARITY_PROMPTS held-out prompts, offline and in the
+   bench (fp32, T = 0), to show that the offline ratios reproduce the bench's.
 2. `dpace-control`, then one `mfd-VARIANT` per variant: fine-tunes of the shipped base
    (DFlash-SmolLM2-135M) with `long`'s data, steps, block and anchors (retrain_miniature.py's
    CANDIDATE run) and the shared tap-feature store outside git (runs/features/smollm2); each variant
@@ -42,7 +44,8 @@ LEDGER = ROOT / "ledger.jsonl"
 SHIPPED_MFD, SHIPPED_DPACE = "MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"
 BUDGETS = "16,32,64"
 MASS_EVERY = 8  # the shipped pair's covered mass at every 8th anchor (a target pass over the trees' union each)
-ANALYSED_PROMPTS = 50  # held-out answers per variant's analysis (the shipped pair's uses all of them)
+ANALYSED_PROMPTS = 50
+PARITY_PROMPTS = 20  # held-out answers per variant's analysis (the shipped pair's uses all of them)
 # variant -> the overrides of the MFD fine-tune that make it (one knob each)
 VARIANTS = {
     "token-init": ["drafter.mode_init=token_scale"],
@@ -92,6 +95,13 @@ def stages(answers):
     """[(name, argv, done marker)] in the order they run; ``answers``: the frozen answer count."""
     plan = [analyses_stage("shipped-analyses", SHIPPED_MFD, SHIPPED_DPACE, ROOT / "shipped-analyses",
                            ["--mass", "--mass-every", str(MASS_EVERY)])]
+    parity = ROOT / "parity"
+    plan.append(analyses_stage("parity-analyses", SHIPPED_MFD, SHIPPED_DPACE, parity / "analyses",
+                               ["--limit", str(PARITY_PROMPTS)]))
+    plan.append(("parity-bench", ["mfd-hub", "bench", "--prompts", str(retrain.HELDOUT), "--drafter", SHIPPED_DPACE,
+                                  "--drafter", SHIPPED_MFD, "--limit", str(PARITY_PROMPTS), "--budgets", BUDGETS,
+                                  "--dtype", "float32", *retrain.PINNED, "--out", str(parity / "bench"), "--resume"],
+                 parity / "bench" / "results.json"))
     common = finetune_overrides(answers)
     control = ROOT / "dpace-control"
     plan.append(("dpace-control", ["mfd-hub", "train", "smollm2-dpace", *common, f"output.dir={control}"],

@@ -33,6 +33,10 @@ def test_the_mode_experiments_plan_is_valid_and_changes_one_knob_per_variant(mon
     shipped = plan[0][1]
     assert shipped[2:6] == [plan_module.SHIPPED_MFD, "--trees", "--against", plan_module.SHIPPED_DPACE]
     assert "--mass" in shipped and str(retrain.HELDOUT) in shipped
+    parity = {name: argv for name, argv, _ in plan if name.startswith("parity-")}
+    for argv in parity.values():  # the same pair on the same held-out prompts, offline and in the bench
+        assert {plan_module.SHIPPED_MFD, plan_module.SHIPPED_DPACE, str(retrain.HELDOUT)} <= set(argv)
+        assert argv[argv.index("--limit") + 1] == str(plan_module.PARITY_PROMPTS)
     control = recipes["dpace-control"]
     assert control.loss.type == "dpace" and control.drafter.base == retrain.SHIPPED_BASE
     assert (control.data.limit, control.drafter.block_size, control.train.anchors_per_sequence) == (
