@@ -160,7 +160,8 @@ class ModeAnalyses:
         if not mfd.config.num_modes or mfd.config.num_modes < 2:
             raise MfdHubError("the analysed drafter has no modes: give an MFD drafter (K >= 2)")
         if control.config.num_modes:
-            raise MfdHubError("the drafter to compare against (--against) must be a single-mode drafter (D-PACE, DFlash)")
+            raise MfdHubError("the drafter to compare against (--against) must be a single-mode drafter "
+                              "(D-PACE, DFlash)")
         for draft in (mfd, control):
             try:
                 _check_pair(draft, target)
@@ -442,7 +443,8 @@ class ModeAnalyses:
         k = self.mfd.config.num_modes
         cell = lambda: {"accepted": 0, "accepted_forks": 0, "round_tokens": 0, "rounds": 0,  # noqa: E731
                         "mass_per_depth": [0.0] * self.drafted_positions}
-        return {"anchors": 0, "forks": 0, "mass_anchors": 0, "cells": {f"{n}@{b}": cell() for n in self.names for b in self.budgets},
+        cells = {f"{n}@{b}": cell() for n in self.names for b in self.budgets}
+        return {"anchors": 0, "forks": 0, "mass_anchors": 0, "cells": cells,
                 "gate": {"hits": 0, "entropy": 0.0, "top1_counts": [0] * k, "winner_counts": [0] * k}}
 
 
@@ -450,7 +452,8 @@ class ModeAnalyses:
 def merge(total, sums):
     """Add one prompt's sums into ``total`` (in place; returns it)."""
     if total is None:
-        return json.loads(json.dumps({k: v for k, v in sums.items() if k not in ("details", "greedy_answer", "rounds")}))
+        kept = {k: v for k, v in sums.items() if k not in ("details", "greedy_answer", "rounds")}
+        return json.loads(json.dumps(kept))  # a deep copy
     for key in ("anchors", "forks", "mass_anchors"):
         total[key] += sums[key]
     for name, cell in sums["cells"].items():

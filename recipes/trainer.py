@@ -418,8 +418,9 @@ def make_optimizer(top, t):
 def training_settings(recipe):
     """The knobs a trained drafter records in its metadata (``training.settings``)."""
     r, loss, t = recipe.drafter, recipe.loss, recipe.train
-    return {"block_size": r.block_size, "resize_block": r.resize_block, "mode_init": r.mode_init, "mode_init_scale": r.mode_init_scale,
-            "mode_init_std": r.mode_init_std, "mode_lr_scale": t.mode_lr_scale, "alpha": loss.alpha,
+    return {"block_size": r.block_size, "resize_block": r.resize_block, "mode_init": r.mode_init,
+            "mode_init_scale": r.mode_init_scale, "mode_init_std": r.mode_init_std, "mode_lr_scale": t.mode_lr_scale,
+            "alpha": loss.alpha,
             "winner_weight": loss.winner_weight, "gate_weight": loss.gate_weight, "gate_input": loss.gate_input,
             "lr": t.lr, "anchors_per_sequence": t.anchors_per_sequence, "batch_size": t.batch_size}
 

@@ -58,10 +58,12 @@ def _objective(target, drafter, **loss):
 def test_knobs_default_to_todays_recipe_and_refuse_bad_values(workspace):
     root, _ = workspace
     recipe = _recipe(root)
-    assert (recipe.drafter.mode_init, recipe.drafter.mode_init_scale, recipe.train.mode_lr_scale) == ("normal", 1.0, 1.0)
+    drafter, train = recipe.drafter, recipe.train
+    assert (drafter.mode_init, drafter.mode_init_scale, train.mode_lr_scale) == ("normal", 1.0, 1.0)
     assert (recipe.loss.winner_weight, recipe.loss.gate_weight, recipe.loss.gate_input) == (0.9, 0.1, "shared")
     for bad, key in (("loss.gate_input=frozen", "loss.gate_input"), ("drafter.mode_init=zeros", "drafter.mode_init"),
-                     ("train.mode_lr_scale=0", "train.mode_lr_scale"), ("loss.winner_weight=1.5", "loss.winner_weight")):
+                     ("train.mode_lr_scale=0", "train.mode_lr_scale"),
+                     ("loss.winner_weight=1.5", "loss.winner_weight")):
         with pytest.raises(MfdHubError, match=key):
             _recipe(root, bad)
 

@@ -131,15 +131,16 @@ def _analyses(drafter, target_spec, data, limit, seed, against, budgets, max_new
     header = "construction".ljust(20) + "".join(f"  tau@{b:<5} rounds@{b:<3}" for b in sizes)
     click.echo(header)
     for name, cells in result["constructions"].items():
-        click.echo(name.ljust(20) + "".join(f"  {cells[str(b)]['tau_offline']:<9.3f} {cells[str(b)]['tau_rounds']:<9.3f}"
-                                            for b in sizes))
+        row = [f"  {cells[str(b)]['tau_offline']:<9.3f} {cells[str(b)]['tau_rounds']:<9.3f}" for b in sizes]
+        click.echo(name.ljust(20) + "".join(row))
     click.echo("mixture / dpace (offline tau): " + "  ".join(
         f"B={b} {result['against_dpace']['mixture'][str(b)]['tau_offline']:.3f}x" for b in sizes))
     if mass:
         click.echo(f"mixture / dpace (mass, {result['mass_anchors']} anchors): " + "  ".join(
             f"B={b} {result['against_dpace']['mixture'][str(b)]['mass']:.3f}x" for b in sizes))
     forks = result["forks"]
-    shares = ["-" if forks["gain_share"][str(b)] is None else f"{100 * forks['gain_share'][str(b)]:.1f}%" for b in sizes]
+    shares = ["-" if forks["gain_share"][str(b)] is None else f"{100 * forks['gain_share'][str(b)]:.1f}%"
+              for b in sizes]
     click.echo(f"forks: {100 * forks['anchor_share']:.1f}% of anchors carry "
                + "  ".join(f"B={b} {share}" for b, share in zip(sizes, shares)) + " of the mixture's gain over dpace")
     gate, modes = result["gate"], result["modes"]
