@@ -32,11 +32,18 @@ class DrafterSection:
     num_modes: int = 0  # K; 0 trains a single-mode (DFlash / D-PACE) drafter
     default_path: bool = False  # MFD-D: also train a single-mode default path
     mode_init_std: float = 0.02  # new mode embeddings ~ N(0, std^2): "small random vectors" (DESIGN §2)
+    # "normal": N(0, mode_init_std^2); "token_scale": random directions of norm mode_init_scale x the mask
+    # token embedding's norm (the vector they are added to: small random vectors barely move the block)
+    mode_init: str = "normal"
+    mode_init_scale: float = 1.0
     draft_vocab_size: typing.Optional[int] = None  # at most this many most frequent response tokens; None = all
     train_lm_head: bool = False  # train the draft-vocabulary head (it starts as the target's rows)
     target_layer_ids: typing.Optional[list] = None  # scratch: the taps; a base: checked against it
     mask_token_id: typing.Optional[int] = None  # scratch: required; a base: checked against it
-    block_size: typing.Optional[int] = None  # scratch: default 16; a base: checked against it
+    block_size: typing.Optional[int] = None  # scratch: default 16; a base: checked against it (see resize_block)
+    # a base's block may differ from block_size: the drafter is rebuilt to draft blocks of block_size (no
+    # weight depends on the block's length; positions beyond the base's own start untrained)
+    resize_block: bool = False
     config: dict = field(default_factory=dict)  # scratch: DFlashConfig fields (layers, heads, ...)
 
 
@@ -72,6 +79,9 @@ class LossSection:
     alpha: float = 0.5  # dpace / mfd smoothing
     winner_weight: float = 0.9  # mfd: the winner's weight; the others share the rest
     gate_weight: float = 0.1  # mfd: gate cross-entropy weight
+    # mfd: what the gate reads: "shared" (the drafter's context feature, so the gate's loss also trains the
+    # context projection) or "detached" (the same feature without gradient: the gate's loss trains only the gate)
+    gate_input: str = "shared"
     default_weight: float = 1.0  # MFD-D: weight of the default path's D-PACE loss
 
 
@@ -94,6 +104,7 @@ class TrainSection:
     precision: str = "auto"  # auto (bf16 autocast on GPU and on CPUs with native bf16, else fp32) | bf16 | fp32
     parallel: str = "fsdp"  # fsdp | ddp (with several ranks)
     head_chunk: int = 0  # LM-head rows per chunk; 0 = all at once (fast, more memory)
+    mode_lr_scale: float = 1.0  # learning rate of mode_embed and mode_gate, as a multiple of lr
 
 
 @dataclass
@@ -131,6 +142,8 @@ class Recipe:
 REQUIRED = ("name", "target", "drafter.base", "data.train")
 CHOICES = {
     "loss.type": LOSS_TYPES,
+    "loss.gate_input": ("shared", "detached"),
+    "drafter.mode_init": ("normal", "token_scale"),
     "data.features": ("cache", "online"),
     "data.features_dtype": ("bfloat16", "float16", "float32"),
     "train.schedule": ("cosine", "constant"),
@@ -140,7 +153,8 @@ CHOICES = {
 }
 POSITIVE = ("train.epochs", "train.batch_size", "train.micro_batch_size", "train.anchors_per_sequence", "train.lr",
             "loss.gamma", "data.max_length", "data.extract_batch_tokens", "output.keep_last", "output.log_every",
-            "train.max_steps", "drafter.draft_vocab_size", "drafter.block_size", "data.limit")
+            "train.max_steps", "drafter.draft_vocab_size", "drafter.block_size", "data.limit", "train.mode_lr_scale",
+            "drafter.mode_init_scale")
 UNIT_INTERVAL = ("loss.alpha", "loss.winner_weight", "train.warmup_ratio", "train.min_lr_ratio")
 NON_NEGATIVE = ("loss.gate_weight", "loss.default_weight", "train.grad_clip", "train.weight_decay", "train.eps",
                 "drafter.mode_init_std", "drafter.num_modes", "output.save_every", "train.head_chunk")

@@ -36,7 +36,7 @@ from mfd_hub.precision import auto_dtype
 from mfd_hub.remote.configuration_mfd import DFlashConfig
 from mfd_hub.remote.modeling_mfd import DFlashDraftModel
 from mfd_hub.recipes.train_checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mfd_hub.recipes.config import SCRATCH
+from mfd_hub.recipes.config import SCRATCH, Recipe
 from mfd_hub.recipes.data import (
     DTYPES,
     FeatureStore,
@@ -120,6 +120,8 @@ class DrafterObjective(nn.Module):
         self.drafter = drafter
         self.__dict__["frozen"] = {"embed": embed, "lm_head": lm_head}
         self.loss, self.head_chunk, self.autocast_dtype = loss, head_chunk, autocast_dtype
+        if getattr(loss, "gate_input", "shared") == "detached" and hasattr(drafter, "mode_gate"):
+            drafter.mode_gate.register_forward_hook(_gate_on_detached_input)
 
     def _head(self):
         """(head weight [V', H], target id -> head row map [V] with -1 for ids it cannot draft)."""
@@ -191,6 +193,12 @@ class DrafterObjective(nn.Module):
         return block_loss.sum(), info
 
 
+def _gate_on_detached_input(gate, args, output):
+    """loss.gate_input = detached: the gate's logits from its input without gradient, so the gate's
+    cross-entropy trains the gate alone and never pulls the context projection it reads."""
+    return torch.nn.functional.linear(args[0].detach(), gate.weight, gate.bias)
+
+
 # -- the drafter -----------------------------------------------------------------------------------
 def _rebuilt(model, **changes):
     """A copy of ``model`` whose config has ``changes``; new tensors keep their fresh init."""
@@ -202,11 +210,12 @@ def _rebuilt(model, **changes):
     return new, set(missing)
 
 
-def add_modes(model, num_modes, default_path, std, seed):
+def add_modes(model, num_modes, default_path, std, seed, mode_norm=None):
     """Give a drafter K mode embeddings and a gate (converters.zlab.init_modes: seeded N(0, std^2),
     the gate N(0, initializer_range^2)) unless it has them, and MFD-D's default path (zero, i.e. the
-    base drafter's behaviour) if asked; existing modes are kept. The choice is recorded in the
-    config's metadata."""
+    base drafter's behaviour) if asked; existing modes are kept. With ``mode_norm`` each mode is
+    rescaled to that norm (its direction kept: drafter.mode_init token_scale). The choice is
+    recorded in the config's metadata, with what rebuilds the start (seed, stds, norm)."""
     from mfd_hub.converters.zlab import init_modes
 
     new, missing = _rebuilt(model, num_modes=num_modes, default_path=default_path)
@@ -214,10 +223,16 @@ def add_modes(model, num_modes, default_path, std, seed):
     if "mode_embed" in missing:
         gate_std = new.config.initializer_range
         mode_embed, gate = init_modes(num_modes, new.config.hidden_size, seed, std, gate_std)
+        described = f"normal(0, {std}^2)"
+        if mode_norm is not None:
+            mode_embed = mode_embed / mode_embed.norm(dim=-1, keepdim=True) * mode_norm
+            described = f"random directions of norm {mode_norm:.6g}"
+            init["mode_norm"] = float(mode_norm)
         with torch.no_grad():
             new.mode_embed.copy_(mode_embed)
             new.mode_gate.weight.copy_(gate)
-        init.update(mode_embed=f"normal(0, {std}^2)", mode_gate=f"normal(0, {gate_std}^2)", seed=seed)
+        init.update(mode_embed=described, mode_gate=f"normal(0, {gate_std}^2)", seed=seed, mode_std=std,
+                    gate_std=gate_std)
     if default_path and "default_embed" in missing:
         with torch.no_grad():
             new.default_embed.zero_()
@@ -232,8 +247,21 @@ def _expect(recipe_value, actual, name, base):
         raise MfdHubError(f"drafter.{name} is {recipe_value!r} but the base {base} has {actual!r}")
 
 
-def build_drafter(recipe, target_info, lm_head, sequences):
-    """The drafter a fresh run starts from (fp32, on the CPU, identical on every rank)."""
+def mode_init_norm(recipe, model, embed):
+    """The norm new modes start at: None for drafter.mode_init normal; for token_scale,
+    mode_init_scale x the norm of the mask token's input embedding (what every mode is added to)."""
+    r = recipe.drafter
+    if r.mode_init != "token_scale":
+        return None
+    if embed is None:
+        raise MfdHubError("drafter.mode_init token_scale needs the target's embedding")
+    mask = embed[model.config.mask_token_id].float() * model.config.input_embedding_scale
+    return r.mode_init_scale * float(mask.norm())
+
+
+def build_drafter(recipe, target_info, lm_head, sequences, embed=None):
+    """The drafter a fresh run starts from (fp32, on the CPU, identical on every rank). ``embed``:
+    the target's input embedding, needed by drafter.mode_init token_scale."""
     r = recipe.drafter
     torch.manual_seed(recipe.train.seed)
     if r.base == SCRATCH:
@@ -258,7 +286,8 @@ def build_drafter(recipe, target_info, lm_head, sequences):
         cfg = model.config
         _expect(r.target_layer_ids, list(cfg.target_layer_ids), "target_layer_ids", r.base)
         _expect(r.mask_token_id, cfg.mask_token_id, "mask_token_id", r.base)
-        _expect(r.block_size, cfg.block_size, "block_size", r.base)
+        if not r.resize_block:
+            _expect(r.block_size, cfg.block_size, "block_size", r.base)
         for key, ours in (("hidden_size", cfg.hidden_size), ("vocab_size", cfg.vocab_size),
                           ("num_hidden_layers", cfg.num_target_layers)):
             if target_info[key] != ours:
@@ -271,8 +300,14 @@ def build_drafter(recipe, target_info, lm_head, sequences):
         if cfg.default_path and not r.default_path:
             raise MfdHubError(f"the base {r.base} is an MFD-D drafter; set drafter.default_path: true")
     cfg = model.config
+    if r.base != SCRATCH and r.resize_block and r.block_size and r.block_size != cfg.block_size:
+        resized = {"base": cfg.block_size, "now": r.block_size}
+        model, _ = _rebuilt(model, block_size=r.block_size)
+        model.config.mfd_metadata = {**model.config.mfd_metadata, "block_resized": resized}
+        cfg = model.config
     if r.num_modes and (cfg.num_modes == 0 or (r.default_path and not cfg.default_path)):
-        model = add_modes(model, r.num_modes, r.default_path, r.mode_init_std, recipe.train.seed)
+        model = add_modes(model, r.num_modes, r.default_path, r.mode_init_std, recipe.train.seed,
+                          mode_norm=mode_init_norm(recipe, model, embed))
     if r.draft_vocab_size and not model.config.draft_vocab_size:
         from mfd_hub.converters.draft_vocab import reduce_vocabulary
 
@@ -365,7 +400,31 @@ def prepare_features(recipe, sequences, tap_layers, dist, log):
     return store.target_info(), embed, lm_head, lambda idx: [store.get(sequences[i]) for i in idx]
 
 
-# -- schedule, checkpoints -----------------------------------------------------------------------
+# -- optimiser, schedule, checkpoints ------------------------------------------------------------
+MODE_PARAMETERS = ("mode_embed", "mode_gate.weight")
+
+
+def make_optimizer(top, t):
+    """AdamW over the trainable parameters; with train.mode_lr_scale != 1 the modes and the gate are
+    a second group at lr x mode_lr_scale (the schedule scales both alike)."""
+    named = [(name, p) for name, p in top.named_parameters() if p.requires_grad]
+    is_mode = [any(name == m or name.endswith("." + m) for m in MODE_PARAMETERS) for name, _ in named]
+    groups = [{"params": [p for (_, p), mode in zip(named, is_mode) if not mode or t.mode_lr_scale == 1.0]}]
+    if t.mode_lr_scale != 1.0 and any(is_mode):
+        groups.append({"params": [p for (_, p), mode in zip(named, is_mode) if mode], "lr": t.lr * t.mode_lr_scale})
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+
+
+def training_settings(recipe):
+    """The knobs a trained drafter records in its metadata (``training.settings``)."""
+    r, loss, t = recipe.drafter, recipe.loss, recipe.train
+    return {"block_size": r.block_size, "resize_block": r.resize_block, "mode_init": r.mode_init,
+            "mode_init_scale": r.mode_init_scale, "mode_init_std": r.mode_init_std, "mode_lr_scale": t.mode_lr_scale,
+            "alpha": loss.alpha,
+            "winner_weight": loss.winner_weight, "gate_weight": loss.gate_weight, "gate_input": loss.gate_input,
+            "lr": t.lr, "anchors_per_sequence": t.anchors_per_sequence, "batch_size": t.batch_size}
+
+
 def lr_lambda(step, total, warmup, schedule, min_ratio):
     if warmup and step < warmup:
         return (step + 1) / warmup
@@ -397,7 +456,8 @@ def _flat(d, prefix=""):
 
 def recipe_changes(saved, current):
     """Keys whose values differ between the recipe a checkpoint was made with and this one."""
-    a, b = _flat(saved), _flat(current)
+    # a key added to recipes after the checkpoint was made reads as its default there
+    a, b = {**_flat(Recipe().to_dict()), **_flat(saved)}, _flat(current)
     return [k for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_CHANGE)]
 
@@ -491,7 +551,7 @@ def _run(recipe, dist, resume, stop_after, verbose):
     if checkpoint is not None:
         drafter = DFlashDraftModel(drafter_config).float()  # weights come from the checkpoint below
     else:
-        drafter = build_drafter(recipe, target_info, lm_head, sequences)
+        drafter = build_drafter(recipe, target_info, lm_head, sequences, embed=embed)
     if drafter.config.draft_vocab_size and not recipe.drafter.train_lm_head:
         drafter.lm_head.weight.requires_grad_(False)
     cuda = dist.device.type == "cuda"
@@ -515,7 +575,7 @@ def _run(recipe, dist, resume, stop_after, verbose):
     total = t.max_steps or t.epochs * per_epoch
     warmup = math.ceil(t.warmup_ratio * total)
     params = [p for p in top.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    optimizer = make_optimizer(top, t)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _Schedule(total, warmup, t.schedule, t.min_lr_ratio))
     num_paths = drafter.config.num_modes or 1
     stats, window = ModeStats(num_paths), ModeStats(num_paths)
@@ -632,7 +692,8 @@ def _run(recipe, dist, resume, stop_after, verbose):
         if "training" in meta:  # a fine-tune of a trained drafter keeps the earlier runs
             meta["earlier_training"] = [*meta.get("earlier_training", []), meta["training"]]
         meta["training"] = {"recipe": recipe.name, "loss": recipe.loss.type, "steps": total,
-                            "sequences": len(sequences), "data": str(recipe.data.train), "final_loss": last_loss}
+                            "sequences": len(sequences), "data": str(recipe.data.train), "final_loss": last_loss,
+                            "settings": training_settings(recipe)}
         config = DFlashConfig.from_dict({**drafter.config.to_dict(), "mfd_metadata": meta})
         exported = export_drafter(run_dir, top, config, recipe.output.export_dtype, dist)
     summary = {

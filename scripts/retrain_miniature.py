@@ -164,8 +164,9 @@ def _raise_stopped(signum, frame):
     raise Stopped(signum)
 
 
-def run_stage(name, argv, marker):
-    """Run one stage to its end (resuming a training that has checkpoints) and log its cost."""
+def run_stage(name, argv, marker, ledger_path=None):
+    """Run one stage to its end (resuming a training that has checkpoints) and log its cost in
+    ``ledger_path`` (default: this plan's ledger; scripts/mode_experiments.py keeps its own)."""
     if argv[1] == "train" and (Path(argv[-1].split("=", 1)[1]) / "checkpoints").exists():
         argv = [*argv, "--resume"]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(argv)}", flush=True)
@@ -195,8 +196,9 @@ def run_stage(name, argv, marker):
         temporary.replace(marker)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    ROOT.mkdir(parents=True, exist_ok=True)
-    with open(ROOT / "ledger.jsonl", "a", encoding="utf-8") as ledger:  # a stopped part counts too
+    ledger_path = Path(ledger_path or ROOT / "ledger.jsonl")
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(ledger_path, "a", encoding="utf-8") as ledger:  # a stopped part counts too
         ledger.write(json.dumps({"stage": name, "started": began, "wall_s": time.time() - began, "cpu_s": cpu,
                                  "returncode": child.returncode, "stopped": stopped is not None,
                                  "argv": argv}) + "\n")

@@ -233,6 +233,11 @@ SHRUNK = {
     "mfd-hub train my-recipe.yaml train.max_steps=200 output.dir=runs/try": (
         "mfd-hub train my-recipe.yaml train.max_steps=200 output.dir=runs/try train.max_steps=4",
         "200 steps of the tiny recipe (the later override wins)"),
+    "mfd-hub evaluate MFD-SmolLM2-135M --trees --against DPACE-SmolLM2-135M --data heldout.jsonl --out analyses "
+    "--resume --json": (
+        "mfd-hub evaluate MFD-SmolLM2-135M --trees --against DPACE-SmolLM2-135M --data heldout.jsonl --out analyses "
+        "--resume --json --limit 1 --max-new-tokens 2 --budgets 16",
+        "the target's greedy answers to every held-out prompt, 128 tokens each, trees at 3 budgets"),
     "mfd-hub train my-recipe.yaml --stop-after 100": (
         "mfd-hub train my-recipe.yaml --stop-after 100 --stop-after 2",
         "my-recipe.yaml is the tiny-mfd recipe (12 steps): stop early, so that --resume (run after it) resumes"),

@@ -1,0 +1,186 @@
+"""Maintainers: do the SmolLM2 miniature's modes earn their keep? The mode analyses of the shipped
+pair, then controlled MFD fine-tunes, each beside a D-PACE control trained the same way, stage by
+stage, resumable (CPU hours: run it in the background and look in now and then).
+
+    python scripts/mode_experiments.py status             # what is done, CPU hours, each variant's ratio
+    nohup python scripts/mode_experiments.py run > runs/modes.log 2>&1 &
+    python scripts/mode_experiments.py run --only mfd-    # the stages whose name starts so
+    python scripts/mode_experiments.py commands           # the commands, without running them
+
+Every stage is an `mfd-hub` command (evaluate --trees, train, bench), run and logged as
+scripts/retrain_miniature.py runs its own: a finished stage leaves its output and is skipped, a
+training stopped part way resumes from its newest checkpoint, an analysis or a bench from its
+finished prompts, and each stage's wall and CPU time goes to data/smollm2/modes/ledger.jsonl.
+
+1. `shipped-analyses`: the analyses (docs/mode-analyses.md) of the shipped MFD drafter against the
+   shipped D-PACE drafter on the held-out answers, with the covered mass; `parity-analyses` and
+   `parity-bench`: the same pair on the first PARITY_PROMPTS held-out prompts, offline and in the
+   bench (fp32, T = 0), to show that the offline ratios reproduce the bench's.
+2. `dpace-control`, then one `mfd-VARIANT` per variant: fine-tunes of the shipped base
+   (DFlash-SmolLM2-135M) with `long`'s data, steps, block and anchors (retrain_miniature.py's
+   CANDIDATE run) and the shared tap-feature store outside git (runs/features/smollm2); each variant
+   changes one knob of the MFD recipe (VARIANTS).
+3. `analyses-VARIANT`: each variant read first on the offline ratio of its mixture (i) to the
+   control's product tree (iv), on the first ANALYSED_PROMPTS held-out answers.
+4. `bench20-best`: the variant with the best mean ratio against the control on the first 20
+   HumanEval problems (T = 0, fp32), as the retraining's 20-problem benches.
+
+Git keeps what a stage measured (analyses.json and progress.jsonl, the bench's results and
+finished prompts, the ledger), never the weights (*.safetensors is ignored).
+"""
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import retrain_miniature as retrain  # noqa: E402  (the same data, steps, stage runner and ledger format)
+
+ROOT = Path("data/smollm2/modes")
+LEDGER = ROOT / "ledger.jsonl"
+SHIPPED_MFD, SHIPPED_DPACE = "MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"
+BUDGETS = "16,32,64"
+MASS_EVERY = 8  # the shipped pair's covered mass at every 8th anchor (a target pass over the trees' union each)
+ANALYSED_PROMPTS = 50
+PARITY_PROMPTS = 20  # held-out answers per variant's analysis (the shipped pair's uses all of them)
+# variant -> the overrides of the MFD fine-tune that make it (one knob each)
+VARIANTS = {
+    "token-init": ["drafter.mode_init=token_scale"],
+    "mode-lr10": ["train.mode_lr_scale=10"],
+    "hard-wta": ["loss.winner_weight=1.0"],
+    "gate-detached": ["loss.gate_input=detached"],
+    "gate-w03": ["loss.gate_weight=0.3"],
+    "block16": ["drafter.block_size=16", "drafter.resize_block=true"],  # the MFD fine-tune only
+}
+BEST_UNKNOWN = "<best variant: known once every analysis is done>"
+
+
+def finetune_overrides(answers):
+    """`long`'s fine-tune settings (retrain_miniature.py): its data, steps, block and anchors, from
+    the shipped base, with the shared feature store."""
+    return [f"data.train={retrain.DATA}", f"data.limit={answers}", f"data.features_dir={retrain.FEATURES}",
+            "train.precision=auto", f"drafter.block_size={retrain.BLOCK}", f"output.save_every={retrain.SAVE_EVERY}",
+            f"train.epochs={retrain.epochs(answers, retrain.FINETUNE_STEPS, 1)}",
+            f"train.anchors_per_sequence={retrain.FINETUNE_ANCHORS}", f"drafter.base={retrain.SHIPPED_BASE}"]
+
+
+def analyses_stage(name, drafter, against, out, extra=()):
+    argv = ["mfd-hub", "evaluate", str(drafter), "--trees", "--against", str(against), "--data", str(retrain.HELDOUT),
+            "--budgets", BUDGETS, *extra, "--out", str(out), "--resume", "--json"]
+    return name, argv, out / "analyses.json"
+
+
+def ratio_of(analyses_json):
+    """{budget: offline tau of (i) / (iv)} of a finished analysis, or None."""
+    path = Path(analyses_json)
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text(encoding="utf-8"))
+    return {b: cell["tau_offline"] for b, cell in result["against_dpace"]["mixture"].items()}
+
+
+def best_variant():
+    """The variant whose mixture beats the control by most (mean offline ratio over the budgets),
+    once every variant's analysis is done; else None."""
+    ratios = {v: ratio_of(ROOT / v / "analyses" / "analyses.json") for v in VARIANTS}
+    if any(r is None for r in ratios.values()):
+        return None
+    return max(ratios, key=lambda v: sum(ratios[v].values()) / len(ratios[v]))
+
+
+def stages(answers):
+    """[(name, argv, done marker)] in the order they run; ``answers``: the frozen answer count."""
+    plan = [analyses_stage("shipped-analyses", SHIPPED_MFD, SHIPPED_DPACE, ROOT / "shipped-analyses",
+                           ["--mass", "--mass-every", str(MASS_EVERY)])]
+    parity = ROOT / "parity"
+    plan.append(analyses_stage("parity-analyses", SHIPPED_MFD, SHIPPED_DPACE, parity / "analyses",
+                               ["--limit", str(PARITY_PROMPTS)]))
+    plan.append(("parity-bench", ["mfd-hub", "bench", "--prompts", str(retrain.HELDOUT), "--drafter", SHIPPED_DPACE,
+                                  "--drafter", SHIPPED_MFD, "--limit", str(PARITY_PROMPTS), "--budgets", BUDGETS,
+                                  "--dtype", "float32", *retrain.PINNED, "--out", str(parity / "bench"), "--resume"],
+                 parity / "bench" / "results.json"))
+    common = finetune_overrides(answers)
+    control = ROOT / "dpace-control"
+    plan.append(("dpace-control", ["mfd-hub", "train", "smollm2-dpace", *common, f"output.dir={control}"],
+                 control / "final" / "model.safetensors"))
+    for variant, knobs in VARIANTS.items():
+        out = ROOT / variant
+        plan.append((f"mfd-{variant}", ["mfd-hub", "train", "smollm2-mfd", *common, *knobs, f"output.dir={out}"],
+                     out / "final" / "model.safetensors"))
+    for variant in VARIANTS:
+        plan.append(analyses_stage(f"analyses-{variant}", ROOT / variant / "final", control / "final",
+                                   ROOT / variant / "analyses", ["--limit", str(ANALYSED_PROMPTS)]))
+    best = best_variant()
+    bench = ROOT / "bench-humaneval-20"
+    plan.append(("bench20-best", ["mfd-hub", "bench", "--drafter", str(control / "final"),
+                                  "--drafter", str(ROOT / best / "final") if best else BEST_UNKNOWN,
+                                  "--limit", "20", "--budgets", BUDGETS, "--dtype", "float32", *retrain.PINNED,
+                                  "--out", str(bench), "--resume"], bench / "results.json"))
+    return plan
+
+
+def ledger():
+    return [json.loads(line) for line in LEDGER.read_text().splitlines()] if LEDGER.exists() else []
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["status", "run", "commands"])
+    parser.add_argument("--only", default="", help="run only the stages whose name starts with this")
+    args = parser.parse_args(argv)
+    frozen = retrain.frozen_answers()
+    answers = frozen or retrain.MIN_ANSWERS
+
+    def plan():
+        return [stage for stage in stages(answers) if stage[0].startswith(args.only)]
+
+    if args.action == "commands":
+        for name, command, _ in plan():
+            print(f"{name}: {' '.join(command)}")
+        return 0
+    if args.action == "status":
+        spent = {}
+        for entry in ledger():
+            spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+        print(f"training data: {f'the first {frozen} answers' if frozen else 'not frozen yet'} of {retrain.DATA}")
+        for name, _, marker in plan():
+            state = "done" if marker.exists() else "to do"
+            line = f"  {name:<24} {state:<6} {spent.get(name, 0.0) / 3600:6.2f} CPU-h"
+            ratios = ratio_of(marker) if name.endswith("analyses") or name.startswith("analyses-") else None
+            if ratios:
+                line += "   (i)/(iv) " + " ".join(f"B={b} {r:.3f}x" for b, r in ratios.items())
+            print(line)
+        print(f"total: {sum(spent.values()) / 3600:.2f} CPU-h")
+        return 0
+    if frozen is None:
+        print("freeze the training data first (python scripts/retrain_miniature.py freeze)")
+        return 1
+    signal.signal(signal.SIGTERM, retrain._raise_stopped)
+    while True:  # planned again after each stage: the bench's drafter is known once the analyses are done
+        todo = [stage for stage in plan() if not stage[2].exists()]
+        if not todo:
+            break
+        name, command, marker = todo[0]
+        if BEST_UNKNOWN in command:
+            print(f"{name} waits for every variant's analysis (run without --only)", flush=True)
+            return 1
+        try:
+            code = retrain.run_stage(name, command, marker, ledger_path=LEDGER)
+        except (retrain.Stopped, KeyboardInterrupt):
+            print(f"{name} stopped; run again to go on from what is on disk", flush=True)
+            return 130
+        if code != 0:
+            print(f"{name} failed (exit {code}); fix it and run again: finished stages are kept", flush=True)
+            return code
+        if not marker.exists():
+            print(f"{name} ended without writing {marker}", flush=True)
+            return 1
+    print(f"[{time.strftime('%H:%M:%S')}] every stage is done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

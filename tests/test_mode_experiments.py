@@ -1,0 +1,68 @@
+"""scripts/mode_experiments.py: the plan of controlled fine-tunes of the miniature's modes. Every
+train stage is a valid recipe that changes only its own knob against a D-PACE control trained the
+same way as `long`'s fine-tunes, the other stages parse as commands, and status / commands run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, load_script
+from mfd_hub.cli import cli
+from mfd_hub.recipes.config import load_recipe
+from mfd_hub.recipes.trainer import _flat
+
+
+def test_the_mode_experiments_plan_is_valid_and_changes_one_knob_per_variant(monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan_module = load_script("scripts/mode_experiments.py")
+    retrain = plan_module.retrain
+    plan = plan_module.stages(10_400)
+    names = [name for name, _, _ in plan]
+    assert names[0] == "shipped-analyses" and names[-1] == "bench20-best"
+    assert {f"mfd-{v}" for v in plan_module.VARIANTS} | {"dpace-control"} <= set(names)
+    recipes = {}
+    for name, argv, marker in plan:
+        assert argv[0] == "mfd-hub"
+        if argv[1] == "train":
+            recipe = load_recipe(argv[2], argv[3:])
+            assert marker == Path(recipe.output.dir) / "final" / "model.safetensors"
+            assert argv[-1].startswith("output.dir=")  # the stage runner resumes from it
+            recipes[name] = recipe
+        else:
+            cli.get_command(None, argv[1]).make_context(argv[1], list(argv[2:]))  # raises on a bad option
+    shipped = plan[0][1]
+    assert shipped[2:6] == [plan_module.SHIPPED_MFD, "--trees", "--against", plan_module.SHIPPED_DPACE]
+    assert "--mass" in shipped and str(retrain.HELDOUT) in shipped
+    parity = {name: argv for name, argv, _ in plan if name.startswith("parity-")}
+    for argv in parity.values():  # the same pair on the same held-out prompts, offline and in the bench
+        assert {plan_module.SHIPPED_MFD, plan_module.SHIPPED_DPACE, str(retrain.HELDOUT)} <= set(argv)
+        assert argv[argv.index("--limit") + 1] == str(plan_module.PARITY_PROMPTS)
+    control = recipes["dpace-control"]
+    assert control.loss.type == "dpace" and control.drafter.base == retrain.SHIPPED_BASE
+    assert (control.data.limit, control.drafter.block_size, control.train.anchors_per_sequence) == (
+        10_400, retrain.BLOCK, retrain.FINETUNE_ANCHORS)
+    assert control.data.features_dir == str(retrain.FEATURES)
+    plain_mfd = _flat(load_recipe("smollm2-mfd", plan_module.finetune_overrides(10_400)).to_dict())
+    for variant, knobs in plan_module.VARIANTS.items():
+        recipe = recipes[f"mfd-{variant}"]
+        assert (recipe.data.limit, recipe.train.epochs, recipe.train.anchors_per_sequence, recipe.drafter.base) == (
+            control.data.limit, control.train.epochs, control.train.anchors_per_sequence, control.drafter.base)
+        mine = _flat(recipe.to_dict())
+        changed = {k for k in mine if mine[k] != plain_mfd[k]} - {"output.dir"}
+        assert changed == {knob.split("=")[0] for knob in knobs}, variant
+    # what a stage measured is meant for git; weights and the feature store are not
+    paths = [plan_module.ROOT / "hard-wta" / "final" / "model.safetensors", retrain.FEATURES / "meta.json",
+             plan_module.ROOT / "hard-wta" / "analyses" / "analyses.json", plan_module.LEDGER,
+             plan_module.ROOT / "shipped-analyses" / "progress.jsonl"]
+    if (REPO / ".git").exists():
+        probe = subprocess.run(["git", "check-ignore", "--no-index", *map(str, paths)], cwd=REPO, capture_output=True,
+                               text=True)
+        assert probe.stdout.split() == [str(paths[0]), str(paths[1])]
+
+
+def test_status_and_commands_run():
+    for action, shows in (("status", "CPU-h"), ("commands", "mfd-hub evaluate MFD-SmolLM2-135M --trees")):
+        result = subprocess.run([sys.executable, "scripts/mode_experiments.py", action], cwd=REPO, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "shipped-analyses" in result.stdout and "mfd-block16" in result.stdout and shows in result.stdout
