@@ -3,7 +3,7 @@
 A round's worth is (expected tokens it emits) / (seconds it costs). Both halves are estimated:
 
 - Cost, measured once per machine (Sequoia's idea): the target's verify time against the number
-  of tree nodes and the drafter's time per mode count, on this target, device, dtype and thread
+  of tree nodes and the drafter's time per mode count (1, 2, 4 and K), on this target, device, dtype and thread
   count, at the prompt's context length. The measurement runs on a verifier of its own (the
   generation's cache is never touched) and is cached as JSON in the user's mfd-hub cache
   (``$MFD_HUB_CACHE``, else ``$XDG_CACHE_HOME/mfd-hub``, else ``~/.cache/mfd-hub``), so it is
@@ -19,9 +19,13 @@ A round's worth is (expected tokens it emits) / (seconds it costs). Both halves 
 
 The budgets are nested (the best B prefixes of the best B' > B), so one tree built at the largest
 candidate budget prices every smaller one. Each round takes the budget with the highest
-expected tokens per second; it also tracks, for the mixture, whether drafting all K modes beats
-drafting the gate's one mode at its own best budget, and whether speculating beats a plain
-target step; a choice that loses is dropped for a few rounds and probed again afterwards.
+expected tokens per second. For the mixture it also takes how many of the gate's best modes to
+draft (1, 2, 4 or K): every PROBE_EVERY-th round drafts all K in the gate's order and prices the
+trees over the best 1, 2, 4 and K of them (the best m modes' tree needs only the first m rows),
+verifying the best one; the rounds in between draft only the mode count with the best running
+rate, so a round pays for drafting no more modes than have been paying. Whether speculating
+beats a plain target step is tracked too; when it loses, a few rounds are plain steps and
+speculation is probed again afterwards.
 
 None of this changes what is emitted: every budget, mode set or plain step is verified by the
 target as usual, so output stays the target's own (lossless).
@@ -47,7 +51,9 @@ from ..kernels.tree_format import SCORE_SCALE
 CANDIDATE_BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 # Node counts (root included) at which verify time is measured; others are interpolated.
 MEASURED_NODES = (1, 2, 3, 5, 9, 17, 33, 65)
-COSTS_FORMAT = 2  # 2: measured round-robin (1 was sequential, easily skewed by load)
+# 3: drafting measured at 1, 2, 4 and K modes (2 had 1 and K only; 1 was measured sequentially,
+# easily skewed by load)
+COSTS_FORMAT = 3
 ENV_CACHE = "MFD_HUB_CACHE"
 
 
@@ -60,10 +66,15 @@ def cache_root():
     return Path(base, "mfd-hub")
 
 
+def mode_options(num_modes):
+    """The mode counts a mixture round may draft (the gate's best m of K): 1, 2, 4 and K."""
+    return sorted({m for m in (1, 2, 4, num_modes) if 1 <= m <= num_modes}) or [1]
+
+
 # -- cost ----------------------------------------------------------------------------------------
 class RoundCosts:
     """Measured seconds: ``verify[n]`` for a target pass over n nodes (root included) and
-    ``draft[m]`` for a drafter pass over m modes (LM head and candidates included)."""
+    ``draft[m]`` for a drafter pass over m modes (the target's LM head included)."""
 
     def __init__(self, verify, draft, key=None):
         # a pass over more nodes never costs less: noise in a measurement is not allowed to say so
@@ -86,11 +97,16 @@ class RoundCosts:
         return s1 + (s1 - s0) * (nodes - n1) / (n1 - n0)
 
     def draft(self, modes):
+        """Piecewise-linear between the measured mode counts; the nearest one outside them."""
         if modes in self.draft_s:
             return self.draft_s[modes]
-        known = sorted(self.draft_s.items())  # interpolate between 1 and K modes
-        (m0, s0), (m1, s1) = known[0], known[-1]
-        return s0 if m1 == m0 else s0 + (s1 - s0) * (modes - m0) / (m1 - m0)
+        known = sorted(self.draft_s.items())
+        if modes <= known[0][0]:
+            return known[0][1]
+        for (m0, s0), (m1, s1) in zip(known, known[1:]):
+            if modes <= m1:
+                return s0 + (s1 - s0) * (modes - m0) / (m1 - m0)
+        return known[-1][1]
 
     def to_dict(self):
         return {"format": COSTS_FORMAT, "key": self.key, "verify_seconds": self.verify_s, "draft_seconds": self.draft_s}
@@ -176,7 +192,7 @@ def probe_tree(nodes, depth_limit, device):
 
 @torch.inference_mode()
 def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeats=5):
-    """Time verify over MEASURED_NODES and the drafter over 1 and K modes -> RoundCosts.
+    """Time verify over MEASURED_NODES and the drafter over ``mode_options`` -> RoundCosts.
 
     Runs on a verifier and a drafter context of its own, at ``input_ids``' context length."""
     from .context_mfd import DraftContextCache
@@ -206,9 +222,9 @@ def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeat
     ids[..., 0] = anchor
     embeds = draft.embed_block(ids, embed)
     position = torch.full((1, 1), input_ids.shape[1], device=device)
-    mode_sets = {1: None if draft.config.num_modes == 0 else [0]}
-    if draft.config.num_modes > 1:
-        mode_sets[draft.config.num_modes] = "all"
+    k = draft.config.num_modes
+    # the first m modes, as a device tensor: the way a round asks for the gate's best m
+    mode_sets = {m: torch.arange(m, device=device) if k else None for m in mode_options(k)}
     fns = [verify_pass(n) for n in MEASURED_NODES]
     fns += [lambda modes=modes: draft(embeds, position, cache=cache, modes=modes, lm_head=lm_head)
             for modes in mode_sets.values()]
@@ -292,19 +308,25 @@ def calibration(draft, costs_key, method, sampling):
 
 
 class BudgetChooser:
-    """Per-round decisions for ``tree_budget="auto"``; see the module docstring."""
+    """Per-round decisions for ``tree_budget="auto"``; see the module docstring.
 
-    PROBE_EVERY = 8  # rounds a losing option sits out before it is tried again
+    ``mode_counts``: the mode counts a round may draft (for the mixture ``mode_options(K)``,
+    else one). Options are keyed by mode count; the rates are running expected tokens/s."""
+
+    PROBE_EVERY = 8  # a probe every 8th drafted round; a losing plain-step choice sits out as long
     SMOOTHING = 0.3  # weight of the newest round in the running rates
 
-    def __init__(self, costs, method, num_modes, max_budget=None, table=None):
+    def __init__(self, costs, method, num_modes, max_budget=None, table=None, mode_counts=(1,)):
         self.costs, self.method, self.num_modes = costs, method, num_modes
         top = max(CANDIDATE_BUDGETS) if max_budget is None else max_budget
         self.budgets = [b for b in CANDIDATE_BUDGETS if b <= top] or [1]
         self.table = AcceptanceTable() if table is None else table
-        self.rate = {}  # option -> running expected tokens per second
+        self.mode_counts = sorted(mode_counts)
+        self.rate = {}  # mode count -> running expected tokens per second
         self.benched = {}  # option -> rounds left out
         self.plain_rate = 1.0 / costs.verify(1)
+        self.drafted_rounds = 0
+        self.priced = [self.mode_counts[0]]  # the mode counts the current round prices
 
     @property
     def max_budget(self):
@@ -321,15 +343,24 @@ class BudgetChooser:
         """False: this round is a plain target step (speculation has been losing)."""
         return not self._sits_out("speculate")
 
-    def all_modes(self):
-        """For the mixture: draft all K modes this round (else the gate's one mode)."""
-        if self.method != "mixture" or self.num_modes <= 1:
-            return self.method == "mixture"
-        return not self._sits_out("all")
+    def modes_to_draft(self):
+        """How many of the gate's best modes this round drafts. A probe (every PROBE_EVERY-th
+        drafted round, and any round while some option has no rate yet) drafts the most and
+        prices every mode count on it; the rounds between draft the count with the best
+        running rate (ties: fewer modes) and price only it."""
+        probe = self.drafted_rounds % self.PROBE_EVERY == 0 or any(m not in self.rate for m in self.mode_counts)
+        self.drafted_rounds += 1
+        if probe or len(self.mode_counts) == 1:
+            self.priced = list(self.mode_counts)
+            return self.mode_counts[-1]
+        best = max(self.mode_counts, key=lambda m: (self.rate[m], -m))
+        self.priced = [best]
+        return best
 
     def best(self, logprobs, modes):
         """The budget with the highest expected tokens/s for a tree whose node log-probabilities,
-        best first, are ``logprobs`` -> (budget, expected tokens per round, tokens per second)."""
+        best first, are ``logprobs``, drafted with ``modes`` modes -> (budget, expected tokens
+        per round, tokens per second)."""
         expected = self.table.expected_accepted(logprobs)
         draft_s = self.costs.draft(modes)
         best = None
@@ -343,18 +374,29 @@ class BudgetChooser:
                 break
         return best
 
+    def choose(self, priced):
+        """``priced``: {mode count: its tree's node log-probabilities, best first}, the trees of
+        one round -> (the mode count and budget with the most expected tokens per second this
+        round). Every priced count's running rate learns this round's."""
+        chosen = None
+        for modes in sorted(priced):
+            budget, _, rate = self.best(priced[modes], modes)
+            self.record(modes, rate)
+            if chosen is None or rate > chosen[2] * (1 + 1e-9):
+                chosen = (modes, budget, rate)
+        self.settle()
+        return chosen[0], chosen[1]
+
     def record(self, option, rate):
         old = self.rate.get(option)
         self.rate[option] = rate if old is None else (1 - self.SMOOTHING) * old + self.SMOOTHING * rate
 
     def settle(self):
-        """After a round's estimates: bench the options that are losing."""
-        spec = max((r for o, r in self.rate.items() if o in ("all", "one")), default=None)
+        """After a round's estimates: bench speculation when even its best option loses to a
+        plain target step."""
+        spec = max(self.rate.values(), default=None)
         if spec is not None and spec < self.plain_rate and self.benched.get("speculate", 0) == 0:
             self.benched["speculate"] = self.PROBE_EVERY
-        if "all" in self.rate and "one" in self.rate and self.rate["one"] > self.rate["all"] \
-                and self.benched.get("all", 0) == 0:
-            self.benched["all"] = self.PROBE_EVERY
 
     def observe(self, logprobs, accepted_flags):
         self.table.observe(logprobs, accepted_flags)
@@ -366,40 +408,48 @@ class FixedBudget:
 
     costs_key = None
 
-    def __init__(self, budget):
-        self.budget = budget
+    def __init__(self, budget, num_modes=None):
+        self.budget, self.num_modes = budget, num_modes
 
     def plan(self, method, depth):
-        """-> (this round's method, the largest budget its tree may take, positions to draft: 0
-        for a plain target step)."""
-        return method, self.budget, depth
+        """-> (this round's method, the largest budget its tree may take, positions to draft (0
+        for a plain target step), and for the mixture how many of the gate's best modes to draft
+        (None: all K, in index order))."""
+        return method, self.budget, depth, self.num_modes if method == "mixture" else None
 
     def chain_length(self, top_scores, budget):
         """The chain's length, given each position's best draft score."""
         return budget
 
-    def tree_budget(self, tree, modes, one_mode_tree=None):
-        """The budget of the tree verified this round, given the tree built at the largest one
-        (nested: a smaller budget keeps its best nodes)."""
-        return self.budget
+    def tree_budget(self, tree_over, drafted):
+        """The tree verified this round -> (how many of the ``drafted`` modes it is built over,
+        its budget). ``tree_over(m)`` builds the tree over the first m drafted modes at the
+        largest budget (nested: a smaller budget keeps its best nodes)."""
+        return drafted, self.budget
 
     def observe(self, tree, path, accepted):
         """Learn from a verified round: ``path`` from the root, its first ``accepted`` entries kept."""
 
 
 class AutoBudget:
-    """``tree_budget="auto"``: each round takes the budget (and, for the mixture, whether to draft
-    all modes; and whether to speculate at all) with the most expected tokens per second, from this
-    machine's costs (measured once, cached) and the acceptance table it calibrates."""
+    """``tree_budget="auto"``: each round takes the budget (and, for the mixture, how many of the
+    gate's best modes to draft; and whether to speculate at all) with the most expected tokens
+    per second, from this machine's costs (measured once, cached) and the acceptance table it
+    calibrates. ``num_modes``: a mixture's mode count fixed by the caller (None: chosen)."""
 
-    def __init__(self, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask):
+    def __init__(self, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask, num_modes=None):
         """``sampling``: (temperature, top-k, top-p). The cost measurement runs here, outside the
         generation's time."""
         block = draft.config.block_size
+        k = draft.config.num_modes
         costs = round_costs(draft, target, input_ids, make_verifier, ancestor_mask)
-        self.chooser = BudgetChooser(costs, method, draft.config.num_modes,
-                                     max_budget=block - 1 if method == "chain" else None,
-                                     table=calibration(draft, costs.key, method, sampling))
+        if method != "mixture":
+            counts = (1,)
+        else:
+            counts = (num_modes,) if num_modes is not None else mode_options(k)
+        self.drafts_by_gate = method == "mixture" and k > 0  # else the mode count means nothing
+        self.chooser = BudgetChooser(costs, method, k, max_budget=block - 1 if method == "chain" else None,
+                                     table=calibration(draft, costs.key, method, sampling), mode_counts=counts)
         if method == "chain":  # every length up to the block, not only the powers of two
             self.chooser.budgets = list(range(1, block))
 
@@ -411,30 +461,24 @@ class AutoBudget:
     def plan(self, method, depth):
         chooser = self.chooser
         if depth > 0 and not chooser.speculate():
-            return method, chooser.max_budget, 0  # speculation has been losing on this machine
-        if method == "mixture" and not chooser.all_modes():
-            method = "product"  # the gate's one mode: all modes have not been paying
-        return method, chooser.max_budget, depth
+            return method, chooser.max_budget, 0, None  # speculation has been losing on this machine
+        modes = chooser.modes_to_draft() if depth > 0 else None
+        return method, chooser.max_budget, depth, modes if self.drafts_by_gate else None
 
     def chain_length(self, top_scores, budget):
         """The chain length with the most expected tokens per second (one host read of the scores)."""
         prefix = torch.cumsum(top_scores[:, 0], dim=0).double() / SCORE_SCALE
         length, _, rate = self.chooser.best(prefix.tolist(), 1)
-        self.chooser.record("one", rate)
+        self.chooser.record(1, rate)
         self.chooser.settle()
         return length
 
-    def tree_budget(self, tree, modes, one_mode_tree=None):
-        """The budget with the most expected tokens per second for this round's tree, drafted with
-        ``modes`` modes. ``one_mode_tree()`` (the mixture's rounds) builds the gate's one-mode
-        tree, priced too so that the chooser learns whether all modes pay."""
-        chooser = self.chooser
-        budget, _, rate = chooser.best(_logprobs(tree, best_first=True), modes)
-        chooser.record("all" if modes > 1 else "one", rate)
-        if one_mode_tree is not None and modes > 1:
-            chooser.record("one", chooser.best(_logprobs(one_mode_tree(), best_first=True), 1)[2])
-        chooser.settle()
-        return budget
+    def tree_budget(self, tree_over, drafted):
+        """The mode count and budget with the most expected tokens per second among the trees
+        this round prices (a probe: the best 1, 2, 4 and K of the drafted modes; else the one
+        count drafted), each built by ``tree_over`` at the largest budget."""
+        counts = [m for m in self.chooser.priced if m <= drafted] or [drafted]
+        return self.chooser.choose({m: _logprobs(tree_over(m), best_first=True) for m in counts})
 
     def observe(self, tree, path, accepted):
         """Calibrate: which of the tree's nodes did the target accept."""
@@ -449,8 +493,10 @@ def _logprobs(tree, best_first=False):
     return sorted(values, reverse=True) if best_first else values
 
 
-def make_planner(tree_budget, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask):
-    """The planner for a ``tree_budget`` that ``spec_generate`` has checked: an int or ``"auto"``."""
+def make_planner(tree_budget, draft, target, input_ids, method, sampling, make_verifier, ancestor_mask,
+                 num_modes=None):
+    """The planner for a ``tree_budget`` that ``spec_generate`` has checked: an int or ``"auto"``;
+    ``num_modes``: the mixture's mode count the caller fixed (None: all K, or chosen by auto)."""
     if tree_budget == "auto":
-        return AutoBudget(draft, target, input_ids, method, sampling, make_verifier, ancestor_mask)
-    return FixedBudget(tree_budget)
+        return AutoBudget(draft, target, input_ids, method, sampling, make_verifier, ancestor_mask, num_modes)
+    return FixedBudget(tree_budget, num_modes)

@@ -1,12 +1,14 @@
 """Lossless speculative generation with a block drafter: chain, product tree, mixture tree.
 
 One round: the drafter drafts the block after the anchor (the last committed token) for the
-requested modes in one pass; a tree is built from the per-position distributions; the target
+requested modes in one pass (for the mixture all K, or only the gate's best m: the drafter then
+runs m copies of the block, not K); a tree is built from the per-position distributions; the target
 verifies root + tree in one pass; the accept walk keeps the longest path whose tokens equal the
 target's own next tokens (argmax at T=0, independent samples from plain decoding's distribution
 at T>0) and adds the target's token at its end. Every emitted token is the target's, so the
 output equals plain decoding: token for token at T=0, in distribution at T>0. What a round drafts
-(its budget; under ``tree_budget="auto"`` also whether to draft at all) is a planner's decision
+(its budget; under ``tree_budget="auto"`` also how many modes, and whether to draft at all) is a
+planner's decision
 (``budget_mfd``); the loop here drafts, builds, verifies and commits.
 
 Kernels (``kernels/``, Triton on CUDA, the torch references elsewhere; ``MFD_HUB_KERNELS``
@@ -51,9 +53,11 @@ class SpecDecodingOutput:
     seconds: float = 0.0
     stopped_by: str = "max_new_tokens"
     modes_used: list = field(default_factory=list)
-    # per round: modes drafted (0 for a plain target step); with tree_budget="auto" the budgets
-    # chosen are the tree sizes, and ``round_costs_key`` names the cached cost measurement
+    # per round: modes drafted (0 for a plain target step) and the modes the verified tree is
+    # built over (the gate's best of those drafted); with tree_budget="auto" the budgets chosen
+    # are the tree sizes, and ``round_costs_key`` names the cached cost measurement
     modes_drafted: list = field(default_factory=list)
+    tree_modes: list = field(default_factory=list)
     round_costs_key: str = None
 
     @property
@@ -84,6 +88,7 @@ class SpecDecodingOutput:
             "stage_seconds": dict(self.stage_seconds),
             "stopped_by": self.stopped_by,
             "modes_drafted": list(self.modes_drafted),
+            "tree_modes": list(self.tree_modes),
             "plain_rounds": sum(1 for m in self.modes_drafted if m == 0),
         }
 
@@ -121,10 +126,17 @@ class _StageClock:
         return time.perf_counter() - self.began - self.skipped
 
 
-def _check_request(method, tree_budget, max_new_tokens, temperature, top_p, top_k, input_ids):
-    """The arguments ``spec_generate`` accepts (ValueError otherwise) -> input_ids as [1, L]."""
+def _check_request(method, tree_budget, max_new_tokens, temperature, top_p, top_k, input_ids, num_modes, k):
+    """The arguments ``spec_generate`` accepts (ValueError otherwise) -> input_ids as [1, L].
+    ``k``: the drafter's number of modes."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if num_modes is not None:
+        if method != "mixture" or k == 0:
+            raise ValueError("num_modes applies to the mixture of an MFD drafter only "
+                             f"(method={method!r}, drafter with {k} modes)")
+        if isinstance(num_modes, bool) or not isinstance(num_modes, int) or not 1 <= num_modes <= k:
+            raise ValueError(f"num_modes must be an int in 1..{k} (the drafter's modes), got {num_modes!r}")
     if isinstance(tree_budget, str) and tree_budget != "auto":
         raise ValueError(f"tree_budget must be an int >= 1 or 'auto', got {tree_budget!r}")
     if not isinstance(tree_budget, str) and tree_budget < 1:
@@ -153,14 +165,19 @@ def _check_pair(draft, target):
         raise ValueError(f"drafter expects a {cfg.num_target_layers}-layer target, this one has {layers}")
 
 
-def _resolve_modes(draft, method, mode, cache):
-    """The modes to draft this round: 'all' for the mixture, else one mode (or the default path).
-    The gate's choice stays a device tensor (no host synchronisation)."""
+def _resolve_modes(draft, method, mode, cache, num_modes):
+    """The modes to draft this round: for the mixture 'all' (``num_modes`` None) or the gate's
+    best ``num_modes`` in the gate's order, else one mode (or the default path). The gate's
+    choices stay a device tensor (no host synchronisation)."""
     k = draft.config.num_modes
     if k == 0:
         return None
     if method == "mixture":
-        return "all"
+        if num_modes is None:
+            return "all"
+        # stable: among equal gate logits the smaller index first, as argmax picks it
+        order = draft.mode_gate(cache.last_feature)[0].argsort(descending=True, stable=True)
+        return order[:num_modes]
     if mode is None:
         mode = "default" if draft.config.default_path else "gate"
     if mode == "default":
@@ -173,7 +190,7 @@ def _resolve_modes(draft, method, mode, cache):
 @torch.inference_mode()
 def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
                   stop_token_ids=None, method="mixture", tree_budget=32, mode=None, generator=None, sync_timing=False,
-                  on_round=None):
+                  on_round=None, num_modes=None):
     """Generate with ``draft`` speculating for ``target``; returns a SpecDecodingOutput.
 
     method: ``chain`` (the argmax path, at most ``tree_budget`` long), ``product`` (the
@@ -184,6 +201,9 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     per second on this machine, from costs measured once and cached (``budget_mfd.AutoBudget``).
     mode: for chain/product on an MFD drafter: a mode index, ``"gate"`` (the gate's top mode,
     the default) or ``"default"`` (the MFD-D default path).
+    num_modes: for the mixture of an MFD drafter with K modes, m in 1..K: draft only the gate's
+    best m modes each round (the drafter runs m copies of the block) and build the exact best
+    tree over them. None: all K, or under ``"auto"`` m in {1, 2, 4, K} chosen per round.
     temperature / top_p / top_k: plain sampling's meaning (temperature 0 = greedy).
     stop_token_ids: generation ends after the first of them, which is kept.
     sync_timing: on CUDA, synchronise at every stage so stage times are exact (slower).
@@ -192,7 +212,8 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     accepted path from the root. Benchmarks use it to see where the budget went; its own time is
     left out of ``seconds`` and ``stage_seconds`` (statistics must not slow the trees they measure).
     """
-    input_ids = _check_request(method, tree_budget, max_new_tokens, temperature, top_p, top_k, input_ids)
+    input_ids = _check_request(method, tree_budget, max_new_tokens, temperature, top_p, top_k, input_ids,
+                               num_modes, draft.config.num_modes)
     _check_pair(draft, target)
     draft.eval()
     device = target.device
@@ -203,7 +224,7 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     clock = _StageClock(device, sync_timing)
     rule = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     planner = make_planner(tree_budget, draft, target, input_ids, method, (temperature, top_k, top_p),
-                           make_verifier, ancestor_mask)  # "auto" measures here, before the clock starts
+                           make_verifier, ancestor_mask, num_modes)  # "auto" measures here, before the clock starts
 
     clock.start()
     last_logits, taps = verifier.prefill(input_ids)
@@ -217,18 +238,20 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     while not done:
         start = verifier.length  # the anchor's position
         depth = min(draft.config.block_size - 1, max_new_tokens - len(out.new_tokens) - 1)
-        round_method, budget, depth = planner.plan(method, depth)
+        round_method, budget, depth, round_modes = planner.plan(method, depth)
         if depth > 0:
-            modes = _resolve_modes(draft, round_method, mode, cache)
+            modes = _resolve_modes(draft, round_method, mode, cache, round_modes)
             drafted = _draft_block(draft, target, cache, anchor, start, modes, depth)  # logits [M, depth, V]
             clock.lap("draft")
-            tree, budget = _build_tree(draft, cache, planner, round_method, drafted, budget, anchor)
+            tree, budget, tree_modes = _build_tree(planner, round_method, drafted, budget, anchor)
             tokens = torch.cat([tree.tokens[:1], draft.draft_to_target_ids(tree.tokens[1:])])
             out.modes_drafted.append(drafted.shape[0])
+            out.tree_modes.append(tree_modes)
         else:  # a plain target step
             modes, tree = None, build_chain(torch.zeros(0, 1, dtype=torch.long, device=device), anchor)
             tokens = tree.tokens
             out.modes_drafted.append(0)
+            out.tree_modes.append(0)
         max_depth = min(depth, budget)  # a bound on the tree's depth, known without the device
         tree_mask = ancestor_mask(tree.parents, max_depth)
         clock.lap("tree")
@@ -247,7 +270,7 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
         if on_round is not None:  # the caller's statistics are not the generation's time
             clock.left_out(on_round, tree, tokens, logits, path[:accepted])
         out.tree_sizes.append(tree.num_nodes)
-        if modes is not None and not isinstance(modes, str):
+        if modes is not None and round_method != "mixture":
             out.modes_used.append(modes[0])
         done = _emit(out, emitted, stops, max_new_tokens)
         if not done:
@@ -272,25 +295,28 @@ def _draft_block(draft, target, cache, anchor, start, modes, depth):
     return drafted.logits[0, 0, :, :depth]
 
 
-def _build_tree(draft, cache, planner, method, logits, budget, anchor):
-    """The round's tree from the drafter's logits [M, depth, V]: the chain of argmaxes, or the
-    best prefixes at ``budget`` (``planner`` may keep fewer) -> (tree, its budget)."""
+def _build_tree(planner, method, logits, budget, anchor):
+    """The round's tree from the drafter's logits [M, depth, V] (mixture rows in the gate's order
+    where a subset was drafted): the chain of argmaxes, or the best prefixes at ``budget`` over
+    the first m modes (``planner`` picks m and may keep fewer nodes) -> (tree, its budget, m)."""
     if method == "chain":
         top, ids = draft_candidates(logits[0], 1)
         budget = planner.chain_length(top, budget)
-        return build_chain(ids, anchor, length=budget, top_scores=top), budget
+        return build_chain(ids, anchor, length=budget, top_scores=top), budget, 1
     vocab = logits.shape[-1]
-    scores, ids = draft_candidates(logits, budget)
-    tree = draft_tree(scores, ids, budget, anchor, vocab)
+    scores, ids = draft_candidates(logits, budget)  # per row: the rows of any m modes are a slice
+    built = {}
 
-    def gate_tree():  # the mixture's alternative: the gate's one mode alone
-        gate = int(draft.mode_gate(cache.last_feature).argmax(-1)[0])
-        return draft_tree(scores[gate : gate + 1], ids[gate : gate + 1], budget, anchor, vocab)
+    def tree_over(m):  # the exact best-``budget`` tree over the first m drafted modes
+        if m not in built:
+            built[m] = draft_tree(scores[:m], ids[:m], budget, anchor, vocab)
+        return built[m]
 
-    smaller = planner.tree_budget(tree, scores.shape[0], gate_tree if method == "mixture" else None)
+    m, smaller = planner.tree_budget(tree_over, scores.shape[0])
+    tree = tree_over(m)
     if smaller < tree.num_nodes:
-        tree = draft_tree(scores, ids, smaller, anchor, vocab)
-    return tree, smaller
+        tree = draft_tree(scores[:m], ids[:m], smaller, anchor, vocab)
+    return tree, smaller, m
 
 
 def _emit(out, tokens, stops, max_new_tokens):
