@@ -3,10 +3,13 @@ builds exactly the tree of a drafter that holds only those modes, and output sta
 
 import copy
 import json
+import random
 
 import pytest
 import torch
+from test_trees import assert_tree_is_brute_force_top, random_logprobs
 
+from mfd_hub.kernels.tree_build import draft_candidates, draft_tree, log_normaliser, quantize_logprobs
 from mfd_hub.remote import budget_mfd
 from mfd_hub.remote.budget_mfd import BudgetChooser, RoundCosts, mode_options
 from mfd_hub.testing import greedy_decode, tiny_drafter, tiny_target
@@ -71,6 +74,22 @@ def test_each_round_builds_the_tree_of_a_drafter_holding_only_the_gates_best_m_m
     # the same number of modes taken in index order builds other trees: the gate's order matters
     _, index_trees = trees_of(holding_only(drafter, range(m)), target, tree_budget=24)
     assert not same_trees(trees, index_trees)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_tree_over_the_first_m_rows_in_gate_order_is_the_brute_force_best_over_those_modes(seed):
+    """What a round does with the drafted rows (K of them in the gate's order, on a probe): one
+    candidate pass over all rows, then the tree over the first m rows, for m = 1, 2, 4, K. Each is
+    the brute-force best-B set of prefixes over exactly those m modes (ties included)."""
+    rng = random.Random(seed)
+    k, length, v, budget = 4, rng.randint(1, 4), rng.randint(2, 5), rng.randint(1, 30)
+    logprobs = random_logprobs(rng, k, length, v, tie_heavy=seed % 2 == 0)
+    drafted = logprobs[rng.sample(range(k), k)] * 1.5 + 0.25  # raw logits, rows in the gate's order
+    scores, ids = draft_candidates(drafted, budget)
+    q = quantize_logprobs(drafted - log_normaliser(drafted)[..., None])
+    for m in (1, 2, 4):
+        tree = draft_tree(scores[:m], ids[:m], budget, 99, v)
+        assert_tree_is_brute_force_top(tree, q[:m], budget, length, 99)
 
 
 def test_num_modes_is_refused_where_it_means_nothing(pair):

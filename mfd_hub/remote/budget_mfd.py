@@ -313,7 +313,7 @@ class BudgetChooser:
     ``mode_counts``: the mode counts a round may draft (for the mixture ``mode_options(K)``,
     else one). Options are keyed by mode count; the rates are running expected tokens/s."""
 
-    PROBE_EVERY = 8  # a probe every 8th drafted round; a losing plain-step choice sits out as long
+    PROBE_EVERY = 8  # drafted rounds per probe of the mode counts; rounds speculation sits out when losing
     SMOOTHING = 0.3  # weight of the newest round in the running rates
 
     def __init__(self, costs, method, num_modes, max_budget=None, table=None, mode_counts=(1,)):
