@@ -310,16 +310,19 @@ def test_generation_through_kernels_syncs_once_per_round(forced_triton, pair, co
     monkeypatch.setattr(generation_mfd, "accept_walk", marked(generation_mfd.accept_walk, "<accept>"))
     target, drafter = pair
     ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
-    with count_host_syncs:
-        out = drafter.spec_generate(target, ids, max_new_tokens=10, method="mixture", tree_budget=8)
-    events = " ".join(count_host_syncs.events)
-    prefill, _, rounds = events.partition("<tree>")
-    assert "tolist" not in prefill and prefill.count("__int__") == 1  # the first token
-    per_round = ("<tree>" + rounds).split("<tree>")[1:]
-    assert len(per_round) == out.rounds >= 2
-    # drafting the next block, building the tree, verifying: nothing; reading the summary: once
-    assert all(r.split() == ["<accept>", "tolist"] for r in per_round[:-1]), per_round
-    assert per_round[-1].split() == ["<accept>", "tolist", "tensor"]  # + the output ids at the end
+    for num_modes in (None, 2):  # all modes; the gate's best two (ranked on the device)
+        count_host_syncs.events.clear()
+        with count_host_syncs:
+            out = drafter.spec_generate(target, ids, max_new_tokens=10, method="mixture", tree_budget=8,
+                                        num_modes=num_modes)
+        events = " ".join(count_host_syncs.events)
+        prefill, _, rounds = events.partition("<tree>")
+        assert "tolist" not in prefill and prefill.count("__int__") == 1  # the first token
+        per_round = ("<tree>" + rounds).split("<tree>")[1:]
+        assert len(per_round) == out.rounds >= 2
+        # drafting the next block, building the tree, verifying: nothing; reading the summary: once
+        assert all(r.split() == ["<accept>", "tolist"] for r in per_round[:-1]), (num_modes, per_round)
+        assert per_round[-1].split() == ["<accept>", "tolist", "tensor"]  # + the output ids at the end
 
     # the counter does see synchronisations: the torch references read values every round
     count_host_syncs.events.clear()
