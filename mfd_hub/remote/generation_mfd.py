@@ -197,7 +197,7 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     ``tree_budget`` most probable prefixes under one mode's product of marginals, DDTree) or
     ``mixture`` (the most probable prefixes, each scored by its best mode: MFD).
     tree_budget: an int, or ``"auto"``: each round takes the budget (and, for the mixture,
-    whether to draft all modes; and whether to speculate at all) with the most expected tokens
+    how many of the gate's best modes to draft; and whether to speculate at all) with the most expected tokens
     per second on this machine, from costs measured once and cached (``budget_mfd.AutoBudget``).
     mode: for chain/product on an MFD drafter: a mode index, ``"gate"`` (the gate's top mode,
     the default) or ``"default"`` (the MFD-D default path).
