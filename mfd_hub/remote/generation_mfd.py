@@ -196,9 +196,10 @@ def spec_generate(draft, target, input_ids, max_new_tokens=128, temperature=0.0,
     method: ``chain`` (the argmax path, at most ``tree_budget`` long), ``product`` (the
     ``tree_budget`` most probable prefixes under one mode's product of marginals, DDTree) or
     ``mixture`` (the most probable prefixes, each scored by its best mode: MFD).
-    tree_budget: an int, or ``"auto"``: each round takes the budget (and, for the mixture,
-    how many of the gate's best modes to draft; and whether to speculate at all) with the most expected tokens
-    per second on this machine, from costs measured once and cached (``budget_mfd.AutoBudget``).
+    tree_budget: an int, or ``"auto"``: each round takes the budget (and, for the mixture, how
+    many of the gate's best modes to draft; and whether to speculate at all) with the most
+    expected tokens per second on this machine, from costs measured once and cached
+    (``budget_mfd.AutoBudget``).
     mode: for chain/product on an MFD drafter: a mode index, ``"gate"`` (the gate's top mode,
     the default) or ``"default"`` (the MFD-D default path).
     num_modes: for the mixture of an MFD drafter with K modes, m in 1..K: draft only the gate's
