@@ -25,6 +25,9 @@ none fails. The checks, in order (``CHECKS``):
   its shapes, config or code does not load it again; a failed load is always retried.
 - ``spec-decoding`` (with a target): speculative decoding is token-identical to the target's
   greedy decoding on a short prompt.
+- ``acceptance`` (with a target): the drafter still accepts what its record
+  (``acceptance.json``) says it did, or without a record at least a floor (``mfd_hub.acceptance``);
+  a failure is followed by a line per cause it can name.
 """
 
 import json
@@ -39,7 +42,7 @@ from pathlib import Path
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
 CHECKS = (
     "files", "safetensors", "index", "config", "tensors", "finite", "draft-vocab", "target-layers",
-    "mask-token", "target", "remote-code", "auto-model", "spec-decoding",
+    "mask-token", "target", "remote-code", "auto-model", "spec-decoding", "acceptance",
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # bytes per element of every dtype the safetensors format defines
@@ -58,6 +61,13 @@ class CheckResult:
     name: str
     status: str
     reason: str = ""
+    details: list = field(default_factory=list)  # lines under the reason (the causes it names)
+
+    def to_dict(self):
+        found = asdict(self)
+        if not self.details:
+            del found["details"]  # most checks have none: their JSON stays as it was
+        return found
 
 
 @dataclass
@@ -73,19 +83,23 @@ class VerifyReport:
     def failures(self):
         return [c for c in self.checks if c.status == FAIL]
 
-    def add(self, name, status, reason=""):
-        result = CheckResult(name, status, " ".join(str(reason).split()))
+    def add(self, name, status, reason="", details=()):
+        result = CheckResult(name, status, " ".join(str(reason).split()), [" ".join(str(d).split()) for d in details])
         self.checks.append(result)
         if self.listener is not None:
             self.listener(result)
         return result
 
     def to_dict(self):
-        return {"path": self.path, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+        return {"path": self.path, "ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
 
 
 class CheckFailed(Exception):
-    """A check's verdict: fail with this one-line reason."""
+    """A check's verdict: fail with this one-line reason (and ``details``, a line per cause)."""
+
+    def __init__(self, reason, details=()):
+        super().__init__(reason)
+        self.details = list(details)
 
 
 class HeaderError(CheckFailed):
@@ -181,6 +195,8 @@ class _Checkpoint:
         self.config = None
         self.target_config = None
         self.bundle_identical = False
+        self.loaded = None  # (drafter, target, tokenizer) once a check has loaded them, for the next
+        self.record_acceptance = False  # verify --record: measure and write acceptance.json
 
 
 def _allowed_root(folder):
@@ -592,6 +608,7 @@ def check_spec_decoding(ck, target, failed_before):
 
     draft = load_draft(ck.folder)
     model, tokenizer = load_target(target)
+    ck.loaded = (draft, model, tokenizer)  # the acceptance check reuses them
     ids = _check_prompt(tokenizer, model.config.vocab_size)
     want = greedy_decode(model, ids, SPEC_CHECK_TOKENS)
     method = "mixture" if draft.config.num_modes else "product"
@@ -606,13 +623,44 @@ def check_spec_decoding(ck, target, failed_before):
     return PASS, f"{method} decoding token-identical to greedy over {len(want)} tokens (tau {out.tau:.2f})"
 
 
-def verify_checkpoint(path, target=None, listener=None):
+def check_acceptance(ck, target, failed_before):
+    if target is None:
+        return SKIP, "no target given (pass --target to compare the drafter's acceptance with its record)"
+    if failed_before:
+        return SKIP, "not run: earlier checks failed"
+    import torch
+
+    from .acceptance import RecordError, assess, record_and_assess
+    from .checkpoint import load_draft
+    from .remote.targets_mfd import UnsupportedTargetError
+    from .targets import load_target
+
+    draft, model, tokenizer = ck.loaded or (None, None, None)
+    if draft is None or draft.dtype != torch.float32:
+        draft = load_draft(ck.folder)
+    if model is None or model.dtype != torch.float32:
+        model, tokenizer = load_target(target)
+    try:
+        measure = record_and_assess if ck.record_acceptance else assess
+        result = measure(draft, model, tokenizer, ck.folder, target_spec=target)
+    except RecordError as err:
+        raise CheckFailed(str(err)) from None
+    except UnsupportedTargetError as err:
+        return SKIP, str(err)
+    if not result.ok:
+        raise CheckFailed(result.reason, result.causes)
+    return PASS, result.reason
+
+
+def verify_checkpoint(path, target=None, listener=None, record=False):
     """Run every check on a checkpoint (a folder, a Hub repo id or a shipped drafter's name, whose
     loadable folder is checked: ``resolve_drafter``) -> VerifyReport.
 
     ``report.ok`` is True when no check failed; ``report.failures()`` lists the failed checks;
     ``report.to_dict()`` is the JSON form. ``target`` (a folder, Hub id or 'smollm2') adds the
-    size checks against its config and a short lossless decoding check. ``listener`` is called
+    size checks against its config, a short lossless decoding check and the acceptance check;
+    ``record`` (with a target) writes the acceptance record of a checkpoint that has none, when
+    every check passes. ``listener`` is called
     with each CheckResult as it is decided (progress for long runs). Never raises for a damaged
     checkpoint: every problem becomes a failed check.
     """
@@ -626,6 +674,7 @@ def verify_checkpoint(path, target=None, listener=None):
         report.add("files", FAIL, str(err))
         return report
     ck = _Checkpoint(folder, _allowed_root(folder))
+    ck.record_acceptance = record
     if target is not None:
         from .targets import target_config
 
@@ -642,15 +691,16 @@ def verify_checkpoint(path, target=None, listener=None):
         if unmet:
             blocked.add(name)
             return report.add(name, SKIP, f"not run: {', '.join(unmet)} did not pass")
+        details = ()
         try:
             status, reason = check(ck, *args)
         except CheckFailed as err:
-            status, reason = FAIL, str(err)
+            status, reason, details = FAIL, str(err), err.details
         except Exception as err:  # a damaged file must never escape as a traceback
             status, reason = FAIL, f"{type(err).__name__}: {err}"
         if status == FAIL:
             blocked.add(name)
-        return report.add(name, status, reason)
+        return report.add(name, status, reason, details)
 
     run("files", check_files)
     run("safetensors", check_safetensors)
@@ -666,6 +716,7 @@ def verify_checkpoint(path, target=None, listener=None):
     run("remote-code", check_remote_code, needs=("config",))
     run("auto-model", check_auto_model, bool(report.failures()), needs=("remote-code",))
     run("spec-decoding", check_spec_decoding, target, bool(report.failures()), needs=("tensors",))
+    run("acceptance", check_acceptance, target, bool(report.failures()), needs=("tensors",))
     return report
 
 
