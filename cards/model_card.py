@@ -141,7 +141,7 @@ def acceptance_section(acceptance, override=None):
     source = resources.files("mfd_hub.cards").joinpath(ACCEPTANCE_TEMPLATE).read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    return env.from_string(source).render(acceptance=acceptance, acceptance_override=override)
+    return env.from_string(source).render(acceptance=acceptance, acceptance_override=override).strip()
 
 
 def acceptance_eval_results(acceptance):
@@ -159,7 +159,6 @@ def acceptance_eval_results(acceptance):
         metric_value=tau,
         metric_name=f"Acceptance length (tau), {method}, T=0",
         metric_config=method,
-        source_name=f"mfd-hub {acceptance['version']} acceptance.json, against {acceptance['target']}",
     ) for method, tau in acceptance["tau"].items()]
 
 

@@ -53,8 +53,8 @@ THRESHOLD = 0.80  # of the recorded tau: 1 - 3 x the largest dtype spread measur
 # Without a record: a chain round emits its bonus token and then the accepted drafted ones, so
 # tau < 1.1 means fewer than one drafted token accepted in ten rounds: speculation that only costs.
 FLOOR = 1.1
-# A precision loss is named when a row of a weight matrix holds a quarter of the distinct values
-# the recorded weights held, or fewer (3-4 bit rounding leaves 8-16 values per row).
+# A precision loss is named when a weight matrix holds a quarter of the distinct values the
+# recorded weights held, or fewer (16-bit weights hold thousands, 3-4 bit rounding 8-16).
 PRECISION_LOSS = 4
 MEASURE_DTYPE = torch.float32
 
@@ -131,11 +131,11 @@ def _matrices(draft):
             if t.is_floating_point() and t.dim() == 2 and t.shape[1] >= 64}
 
 
-def distinct_per_row(draft, rows=8):
-    """The median number of distinct values in a row of the weight matrices (the first ``rows``
-    rows of each): some hundreds for 16-bit weights, 2^b at most for weights rounded to b bits."""
-    counts = [torch.unique(row).numel() for t in _matrices(draft).values() for row in t[:rows]]
-    return int(torch.tensor(counts).median()) if counts else None
+def distinct_values(draft, rows=64):
+    """The median over the weight matrices of the number of distinct values among a matrix's first
+    ``rows`` rows: thousands for 16-bit weights, at most 2^b for weights rounded to b bits."""
+    counts = [torch.unique(t[:rows]).numel() for t in _matrices(draft).values()]
+    return int(torch.tensor(counts).float().median()) if counts else None
 
 
 def stored_dtype(folder):
@@ -157,7 +157,7 @@ def drafter_identity(draft, folder):
     return {
         "weights_dtype": stored_dtype(folder) if folder is not None else None,
         "weights_sha256": weights_fingerprint(draft),
-        "distinct_values_per_row": distinct_per_row(draft),
+        "distinct_values": distinct_values(draft),
         "target_layer_ids": list(config.target_layer_ids),
         "mask_token_id": int(config.mask_token_id),
         "num_modes": int(config.num_modes),
@@ -264,6 +264,20 @@ def assess(draft, target, tokenizer, folder, target_spec=None, record="read"):
     _require_float32(draft, target)
     if record == "read":
         record = read_record(folder)  # RecordError: the caller reports it
+    with _check_products(draft, target):
+        return _assess(draft, target, tokenizer, folder, target_spec, record, began)
+
+
+def _check_products(draft, target):
+    """The products the check multiplies with: the fastest this CPU has among those that leave tau
+    where exact float32 puts it (fp16-rounded weights or oneDNN's packed ones: the spread
+    measurement shows neither moves it), so that a check costs seconds, not tens of them."""
+    from .packed_linear import packed_for_speculation, speculation_linears
+
+    return packed_for_speculation(draft, target, linears=speculation_linears("auto", target.device))
+
+
+def _assess(draft, target, tokenizer, folder, target_spec, record, began):
     prompt_list = prompt_ids(tokenizer, target.config.vocab_size)[:CHECK_PROMPTS]
     if record is not None and comparable(record) is None:
         recorded = tau_of(record["per_prompt"][CHECK_METHOD][:CHECK_PROMPTS])
@@ -330,11 +344,11 @@ def diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list,
                       f"{_token_text(tokenizer, kept['mask_token_id'])}")
     elif tokenizer is not None and mask not in set(tokenizer.all_special_ids) and not _is_special(tokenizer, mask):
         causes.append(f"mask token: {mask}{_token_text(tokenizer, mask)} is ordinary text to the target's tokenizer")
-    distinct = distinct_per_row(draft)
-    if kept.get("distinct_values_per_row") and distinct and distinct * PRECISION_LOSS <= kept["distinct_values_per_row"]:
+    distinct = distinct_values(draft)
+    if kept.get("distinct_values") and distinct and distinct * PRECISION_LOSS <= kept["distinct_values"]:
         bits = max(1, (distinct - 1).bit_length())
-        causes.append(f"precision: a weight row holds {distinct} distinct values (median), the recorded "
-                      f"{kept.get('weights_dtype') or 'weights'} held {kept['distinct_values_per_row']}: "
+        causes.append(f"precision: a weight matrix holds {distinct} distinct values (median over matrices, first "
+                      f"64 rows), the recorded {kept.get('weights_dtype') or 'weights'} held {kept['distinct_values']}: "
                       f"rounded to about {bits} bits")
     elif folder is not None and kept.get("weights_dtype") and stored_dtype(folder) not in (None, kept["weights_dtype"]):
         causes.append(f"precision: the weights are {stored_dtype(folder)}, the record's were {kept['weights_dtype']}")
