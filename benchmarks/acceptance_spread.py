@@ -4,13 +4,16 @@ acceptance check's threshold (``mfd_hub.acceptance.THRESHOLD``).
 The same shipped drafter and the SmolLM2 target are measured on the acceptance prompts exactly as
 a record is (T = 0, ``NEW_TOKENS`` tokens, every method) under settings that must not matter to a
 sound drafter: repeated runs, thread counts, the precision both models compute in (float32,
-float16, bfloat16) and, in float32, products through weights rounded to fp16 (``--linears fp16``,
-``mfd_hub/packed_linear.py``). Each setting's tau per method is compared with the first float32
+float16, bfloat16) and, in float32, products through weights rounded to fp16 or packed by oneDNN
+(``--linears fp16`` / ``onednn``, ``mfd_hub/packed_linear.py``: the acceptance check multiplies
+with whichever of them is faster on the machine). Each setting's tau per method is compared with the first float32
 run's; the largest relative move is the spread, and the threshold is one minus three spreads,
 rounded down to a multiple of 5%.
 
     python benchmarks/acceptance_spread.py                       # data/smollm2/acceptance-spread.json
     python benchmarks/acceptance_spread.py --drafter DPACE-SmolLM2-135M --runs 2 --threads 1 --out spread.json
+
+Each setting costs about one acceptance record (a minute or two of one core on the miniature).
 """
 
 import argparse
@@ -30,11 +33,13 @@ from mfd_hub.targets import load_target
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "smollm2" / "acceptance-spread.json"
 # (label, dtype, linears): float32 with torch's products is the reference every other is compared with
+# (the coarsest precision early: it decides the spread; the file is rewritten after every setting)
 SETTINGS = (
     ("float32", torch.float32, "torch"),
-    ("float32, fp16-rounded products", torch.float32, "fp16"),
-    ("float16", torch.float16, "torch"),
     ("bfloat16", torch.bfloat16, "torch"),
+    ("float32, fp16-rounded products", torch.float32, "fp16"),
+    ("float32, oneDNN-packed products", torch.float32, "onednn"),
+    ("float16", torch.float16, "torch"),
 )
 
 
@@ -52,7 +57,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", default="MFD-SmolLM2-135M")
     parser.add_argument("--target", default="smollm2")
-    parser.add_argument("--runs", type=int, default=2, help="float32 runs per thread count")
+    parser.add_argument("--runs", type=int, default=1, help="float32 runs per thread count")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -78,6 +83,11 @@ def main(argv=None):
                          "seconds": round(time.perf_counter() - began, 1)})
             print(f"{label:<32} threads {threads} run {run}: "
                   + ", ".join(f"{m} {tau[m]:.3f} ({100 * moved[m]:+.2f}%)" for m in tau), flush=True)
+            write(args, rows)
+
+
+def write(args, rows):
+    """The spread document over the rows measured so far, written to ``args.out``."""
     spread = max(max(r["relative_move"].values()) for r in rows)
     worst = max(rows, key=lambda r: max(r["relative_move"].values()))
     document = {
@@ -93,8 +103,8 @@ def main(argv=None):
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    print(f"spread {100 * spread:.2f}% ({worst['setting']}): threshold 1 - 3 x spread, rounded down = "
-          f"{derive_threshold(spread):.2f} (in use: {THRESHOLD:.2f}) -> {args.out}")
+    print(f"spread so far {100 * spread:.2f}% ({worst['setting']}): threshold 1 - 3 x spread, rounded down = "
+          f"{derive_threshold(spread):.2f} (in use: {THRESHOLD:.2f}) -> {args.out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The order is the safety argument:
    either is refused before any network call. The verdict is kept in the mfd-hub cache keyed by
    the folder's bytes and the versions (``verify_checkpoint_once``): pushing the same bytes again
    (after a dry run, or a failed upload) reuses it. With a target the checks include decoding and
-   acceptance (not cached: they depend on the target too); a failed acceptance check refuses the
+   acceptance, and the key covers the target's files too; a failed acceptance check refuses the
    push unless the owner overrides it, and the card then says so.
 2. The card is rendered from the registry (a README.md in the folder is replaced, never sent).
 3. The plan: every file's size, sha256 and git blob id, compared with the remote branch (from its
@@ -225,12 +225,9 @@ def check_checkpoint(drafter, folder, target=None, ignore_acceptance=False):
     drafter the registry describes -> ("checked" or "reused", the failed acceptance check's reason
     when ``ignore_acceptance`` let it through, else None)."""
     from mfd_hub.describe import checkpoint_config
-    from mfd_hub.verify import verify_checkpoint, verify_checkpoint_once
+    from mfd_hub.verify import verify_checkpoint_once
 
-    if target is None:
-        report, reused = verify_checkpoint_once(folder)
-    else:
-        report, reused = verify_checkpoint(folder, target=target), False
+    report, reused = verify_checkpoint_once(folder, target=target)
     override = None
     acceptance = [c for c in report.failures() if c.name == "acceptance"]
     if acceptance and len(report.failures()) == 1:

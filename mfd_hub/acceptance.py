@@ -166,13 +166,16 @@ def drafter_identity(draft, folder):
 
 
 # ---- the record --------------------------------------------------------------------------------
-def measure_record(draft, target, tokenizer, target_spec=None, folder=None, methods=None):
-    """Measure the acceptance record of ``draft`` speculating for ``target`` (both float32) -> dict."""
+def measure_record(draft, target, tokenizer, target_spec=None, folder=None, methods=None, known=None):
+    """Measure the acceptance record of ``draft`` speculating for ``target`` (both float32) -> dict.
+    ``known``: {method: counts of the leading prompts} measured already (under the same conditions)."""
     from .version import __version__
 
     _require_float32(draft, target)
     prompt_list = prompt_ids(tokenizer, target.config.vocab_size)
-    per_prompt = {m: count_acceptance(draft, target, prompt_list, m) for m in (methods or methods_of(draft))}
+    known = known or {}
+    per_prompt = {m: known.get(m, []) + count_acceptance(draft, target, prompt_list[len(known.get(m, [])):], m)
+                  for m in (methods or methods_of(draft))}
     return {
         "format": RECORD_FORMAT,
         "version": RECORD_VERSION,
@@ -311,13 +314,15 @@ def record_and_assess(draft, target, tokenizer, folder, target_spec=None):
         result.reason += f"; kept the existing {RECORD_NAME} (delete it to record anew)"
         return result
     began = time.perf_counter()
-    record = measure_record(draft, target, tokenizer, target_spec, folder)
-    tau = tau_of(record["per_prompt"][CHECK_METHOD][:CHECK_PROMPTS])
+    # the check's own prompts first: a drafter below the floor is not worth the whole record
+    prompt_list = prompt_ids(tokenizer, target.config.vocab_size)[:CHECK_PROMPTS]
+    first = count_acceptance(draft, target, prompt_list, CHECK_METHOD)
+    tau = tau_of(first)
     if tau < FLOOR:
-        prompt_list = prompt_ids(tokenizer, target.config.vocab_size)[:CHECK_PROMPTS]
         causes = diagnose(draft, target, tokenizer, folder, None, target_spec, prompt_list, None)
         return Assessment(False, f"tau {tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), below the floor of "
                                  f"{FLOOR}: not recorded ({time.perf_counter() - began:.1f} s)", causes, tau=tau)
+    record = measure_record(draft, target, tokenizer, target_spec, folder, known={CHECK_METHOD: first})
     write_record(folder, record)
     taus = ", ".join(f"{m} {v:.2f}" for m, v in record["tau"].items())
     return Assessment(True, f"recorded tau {taus} on {len(PROMPTS)} prompts in {RECORD_NAME}; "
@@ -381,28 +386,24 @@ def _token_text(tokenizer, token_id):
 
 
 def _tap_causes(draft, target, kept, prompt_list, recorded):
-    """Compare the taps with the record's; when they differ (or there is no record to say), try
-    the likely mix-ups on two prompts and name the order that restores tau."""
+    """When the taps differ from the record's, try the likely mix-ups on two prompts and name the
+    order that restores tau. (Without a record nothing says the taps changed, and trying orders
+    on a drafter that was never good would only cost time.)"""
     config = draft.config
     taps = list(config.target_layer_ids)
     layers = config.num_target_layers
-    causes = []
     recorded_taps = kept.get("target_layer_ids")
-    if recorded_taps is not None and recorded_taps == taps:
-        return causes  # measured with these very taps: the taps are not what changed
-    if recorded_taps is not None:
-        causes.append(f"tap layers: {taps}, the record's are {recorded_taps}")
-    candidates = []
-    if recorded_taps is not None:
-        candidates.append((recorded_taps, "the recorded order"))
-    candidates.append((taps[::-1], "reversed"))
+    if recorded_taps is None or recorded_taps == taps:
+        return []  # measured with these very taps (or unknown): the taps are not what changed
+    causes = [f"tap layers: {taps}, the record's are {recorded_taps}"]
+    candidates = [(recorded_taps, "the recorded order"), (taps[::-1], "reversed")]
     for shift in (-1, 1):
         moved = [t + shift for t in taps]
         if all(0 <= t < layers for t in moved):
             candidates.append((moved, f"shifted by {shift:+d}"))
     sample = prompt_list[:2]
     baseline = tau_of(count_acceptance(draft, target, sample, CHECK_METHOD))
-    want = THRESHOLD * recorded if recorded else max(FLOOR, 1.5 * baseline)
+    want = THRESHOLD * recorded
     for candidate, label in candidates:
         if candidate == taps or len(candidate) != len(taps) or len(set(candidate)) != len(candidate):
             continue

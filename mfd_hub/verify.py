@@ -742,13 +742,7 @@ def library_versions():
     return versions
 
 
-def verdict_key(folder):
-    """The sha256 of everything a verification without a target depends on: every path under the
-    folder with its bytes (read through links) or, for a link, where it points; the installed
-    remote-code bundle; the versions of mfd-hub, Python and the libraries the checks use."""
-    import hashlib
-
-    from .bundle import bundle_sources
+def _folder_entries(folder):
     from .cache import file_digest
 
     folder = Path(folder)
@@ -758,32 +752,52 @@ def verdict_key(folder):
         link = os.readlink(path) if path.is_symlink() else None
         digest = file_digest(path) if path.is_file() else None
         entries.append([rel, link, digest, path.is_dir()])
+    return entries
+
+
+def verdict_key(folder, target_folder=None):
+    """The sha256 of everything a verification depends on: every path under the folder with its
+    bytes (read through links) or, for a link, where it points; the same of the target's folder
+    when there is a target; the installed remote-code bundle; the versions of mfd-hub, Python and
+    the libraries the checks use."""
+    import hashlib
+
+    from .bundle import bundle_sources
+
     bundle = hashlib.sha256(json.dumps(bundle_sources(), sort_keys=True).encode()).hexdigest()
-    document = json.dumps({"entries": entries, "bundle": bundle, "versions": library_versions()}, sort_keys=True)
-    return hashlib.sha256(document.encode()).hexdigest()
+    found = {"entries": _folder_entries(folder), "bundle": bundle, "versions": library_versions()}
+    if target_folder is not None:  # absent without a target: the keys of target-less verdicts stay as they were
+        found["target"] = _folder_entries(target_folder)
+    return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
 
 
-def verify_checkpoint_once(path):
-    """``verify_checkpoint(path)`` (no target) whose verdict is kept in the user's mfd-hub cache,
-    keyed by ``verdict_key``: asked again about the same bytes under the same versions, it answers
-    from the cache in the time of hashing the files, without loading anything. ``mfd-hub push``
-    verifies this way, so a dry run then the push (or a push repeated after a failed upload) runs
-    the checks once. -> (VerifyReport, True when it came from the cache)."""
+def verify_checkpoint_once(path, target=None):
+    """``verify_checkpoint(path, target)`` whose verdict is kept in the user's mfd-hub cache,
+    keyed by ``verdict_key``: asked again about the same bytes under the same versions (and the
+    same target's bytes), it answers from the cache in the time of hashing the files, without
+    loading anything. ``mfd-hub push`` verifies this way, so a dry run then the push (or a push
+    repeated after a failed upload) runs the checks once. -> (VerifyReport, True when it came
+    from the cache)."""
     from .cache import read_record, write_record
     from .errors import MfdHubError
     from .locate import resolve_drafter
 
     try:
         folder = resolve_drafter(path).absolute()
+        target_folder = None
+        if target is not None:
+            from .targets import _target_folder
+
+            target_folder = _target_folder(str(target))
     except MfdHubError:
-        return verify_checkpoint(path), False
-    key = verdict_key(folder)
+        return verify_checkpoint(path, target=target), False
+    key = verdict_key(folder, target_folder)
     saved = read_record(VERDICT_CACHE, key)
     try:
         return VerifyReport(path=str(path), checks=[CheckResult(**c) for c in saved["checks"]]), True
     except (KeyError, TypeError):
         pass  # not verified yet (or an unreadable entry): verify now
-    report = verify_checkpoint(folder)
+    report = verify_checkpoint(folder, target=target)
     report.path = str(path)
     write_record(VERDICT_CACHE, key, report.to_dict())
     return report, False

@@ -134,23 +134,26 @@ def test_cli_fails_below_the_record_and_reports_a_conversion(tiny_pair, tmp_path
     assert no_target.returncode == 2 and "--record measures acceptance against a target" in no_target.stderr
 
 
-def test_push_refuses_a_useless_drafter_unless_told_and_then_the_card_says_so(tmp_path):
+def test_push_refuses_a_useless_drafter_unless_told_and_then_the_card_says_so(tmp_path, monkeypatch):
+    """A random drafter (below the floor) of a registry drafter's identity, with a random target
+    of that identity. The refusal's verdict is kept, so the push that overrides it reuses it."""
     from mfd_hub.cards.push import plan_push
     from mfd_hub.cards.registry import load_registry
     from mfd_hub.errors import MfdHubError
 
+    monkeypatch.setenv("MFD_HUB_CACHE", str(tmp_path / "cache"))
     drafter = load_registry().get("MFD-Qwen3-8B")
     model = tiny_registry_drafter(drafter)
-    save_draft(model, tmp_path / "draft")
+    folder = save_draft(model, tmp_path / "draft")
     target = tiny_target("qwen3", vocab_size=model.config.vocab_size, num_layers=model.config.num_target_layers)
     save_tiny_target(tmp_path / "target", target, with_tokenizer=False)
-    common = dict(path=str(tmp_path / "draft"), dry_run=True, offline=True, progress=False, target=str(tmp_path / "target"))
+    common = dict(path=str(folder), dry_run=True, offline=True, progress=False, target=str(tmp_path / "target"))
     with pytest.raises(MfdHubError, match=r"fails the acceptance check, not pushing: tau 1\.0\d on 4 prompts .* "
                                           r"\(--ignore-acceptance publishes it anyway, and the card says so\)"):
         plan_push(drafter.name, **common)
     plan, entries, _ = plan_push(drafter.name, ignore_acceptance=True, **common)
     card = dict(entries)["README.md"].decode()
-    assert re.match(r"tau 1\.0\d on 4 prompts", plan.acceptance_override)
+    assert re.match(r"tau 1\.0\d on 4 prompts", plan.acceptance_override) and plan.verification == "reused"
     assert f"**Published with `--ignore-acceptance`.** The acceptance check failed when this checkpoint was pushed: " \
            f"{plan.acceptance_override}" in card
     assert "Results (from the paper)" in card  # the registry's figures stay

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mfd_hub.errors import MfdHubError
 
-from .shipped import BENCH_RESULTS, CARD, SHIPPED_DRAFTERS, VERIFY_REPORT, zoo_dir, zoo_folder
+from .shipped import BENCH_RESULTS, CARD, SHIPPED_DRAFTERS, VERIFY_REPORT, shipped_drafter_dir, zoo_dir, zoo_folder
 
 
 def render_shipped_card(name):
@@ -53,6 +53,11 @@ def record_shipped_acceptance(name, log=print):
     return _verify_into_zoo(name, log)
 
 
+def reverify_shipped(name, log=print):
+    """Verify a shipped drafter (with its record) again: a new verify report and card."""
+    return _verify_into_zoo(name, log)
+
+
 def _record_into_zoo(draft, name, files, log):
     """Save ``draft`` as the full bf16 checkpoint a user loads, verify it against SmolLM2 with
     ``record=True`` (so it is measured as shipped), then copy ``files`` and the record into the zoo."""
@@ -75,11 +80,15 @@ def _record_into_zoo(draft, name, files, log):
 
 
 def _verify_into_zoo(name, log):
-    """Verify the shipped drafter as users get it (its loadable folder) against SmolLM2; keep the
-    report and regenerate the card."""
+    """Verify the shipped drafter as users get it (its loadable folder's files, in a folder called
+    NAME, so the report does not name the cache's digest) against SmolLM2; keep the report and
+    regenerate the card."""
     from mfd_hub.verify import verify_checkpoint
 
-    report = verify_checkpoint(name, target="smollm2", listener=lambda c: log(f"  {c.status:<4} {c.name}: {c.reason}"))
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = shutil.copytree(shipped_drafter_dir(name), Path(scratch) / name)
+        report = verify_checkpoint(folder, target="smollm2",
+                                   listener=lambda c: log(f"  {c.status:<4} {c.name}: {c.reason}"))
     if not report.ok:
         raise MfdHubError(f"{name} failed verification as shipped: {report.failures()[0].reason}")
     folder = zoo_dir() / name

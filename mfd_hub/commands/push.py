@@ -33,7 +33,6 @@ def _print_plan(plan):
         "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B --dry-run",
         "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B",
         "mfd-hub push MFD-D-Qwen3-4B --path ./ckpt --repo-id me/MFD-D-Qwen3-4B --private --tag v1.1 --json",
-        "mfd-hub push MFD-Qwen3-8B --path ./MFD-Qwen3-8B --target Qwen/Qwen3-8B --dry-run",
     )
 )
 @click.argument("name")

@@ -15,7 +15,6 @@ _MARK = {"pass": "pass", "fail": "FAIL", "warn": "warn", "skip": "skip"}
         "mfd-hub verify MFD-SmolLM2-135M --target smollm2",
         "mfd-hub verify z-lab/Qwen3-8B-DFlash-b16 --json",
         "mfd-hub verify MFD-SmolLM2-135M DPACE-SmolLM2-135M DFlash-SmolLM2-135M",
-        "mfd-hub verify ./my-drafter --target smollm2 --record",
     )
 )
 @click.option("--target", "target_spec", default=None,
