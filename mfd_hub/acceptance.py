@@ -82,13 +82,38 @@ def prompt_ids(tokenizer, vocab_size, prompts=PROMPTS):
     return out
 
 
-def count_acceptance(draft, target, prompt_list, method):
-    """[[tokens emitted by verification rounds, rounds], ...] per prompt: T = 0, ``NEW_TOKENS``."""
-    counts = []
+class _Decided(Exception):
+    """Raised from inside a generation once enough rounds are counted for the verdict."""
+
+
+def count_acceptance(draft, target, prompt_list, method, max_rounds=None):
+    """[[tokens emitted by verification rounds, rounds], ...] per prompt: T = 0, ``NEW_TOKENS``.
+
+    Every prompt's rounds emit exactly ``NEW_TOKENS - 1`` tokens (the first comes from the
+    prefill, and no round overshoots), so tau over the prompts is that total over the rounds.
+    ``max_rounds``: stop as soon as the rounds exceed it; the prompt cut short is counted as far
+    as it went, and the list is marked ``stopped``."""
+    counts = _Counts()
     for ids in prompt_list:
-        out = draft.spec_generate(target, ids, max_new_tokens=NEW_TOKENS, method=method, tree_budget=TREE_BUDGET)
-        counts.append([int(sum(out.acceptance_lengths)), out.rounds])
+        counts.append([0, 0])
+
+        def count_round(tree, tokens, logits, path):
+            counts[-1][0] += len(path)  # the accepted nodes from the root: drafted tokens + the bonus
+            counts[-1][1] += 1
+            if max_rounds is not None and sum(r for _, r in counts) > max_rounds:
+                raise _Decided
+
+        try:
+            draft.spec_generate(target, ids, max_new_tokens=NEW_TOKENS, method=method, tree_budget=TREE_BUDGET,
+                                on_round=count_round)
+        except _Decided:
+            counts.stopped = True
+            break
     return counts
+
+
+class _Counts(list):
+    stopped = False
 
 
 def tau_of(counts):
@@ -282,26 +307,41 @@ def _check_products(draft, target):
 
 def _assess(draft, target, tokenizer, folder, target_spec, record, began):
     prompt_list = prompt_ids(tokenizer, target.config.vocab_size)[:CHECK_PROMPTS]
+    total = (NEW_TOKENS - 1) * len(prompt_list)  # the tokens the rounds emit, whatever the drafter
     if record is not None and comparable(record) is None:
         recorded = tau_of(record["per_prompt"][CHECK_METHOD][:CHECK_PROMPTS])
-        tau = tau_of(count_acceptance(draft, target, prompt_list, CHECK_METHOD))
+        counts = count_acceptance(draft, target, prompt_list, CHECK_METHOD, max_rounds=int(total / (THRESHOLD * recorded)))
+        tau = tau_of(counts)
         ratio = tau / recorded if recorded else float("inf")
         seconds = time.perf_counter() - began
-        where = f"tau {tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), recorded {recorded:.2f} ({100 * ratio:.0f}%)"
-        if ratio >= THRESHOLD:
+        where = (f"tau {_about(counts)}{tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), recorded {recorded:.2f} "
+                 f"({100 * ratio:.0f}%)")
+        if ratio >= THRESHOLD and not counts.stopped:
             return Assessment(True, f"{where}; {seconds:.1f} s", tau=tau, recorded=recorded)
-        causes = diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list, recorded)
-        return Assessment(False, f"{where}: this drafter accepts far less than it did ({seconds:.1f} s)", causes,
-                          tau=tau, recorded=recorded)
-    tau = tau_of(count_acceptance(draft, target, prompt_list, CHECK_METHOD))
+        causes = diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list, recorded, counts)
+        return Assessment(False, f"{where}: this drafter accepts far less than it did{_stop_note(counts)} "
+                                 f"({seconds:.1f} s)", causes, tau=tau, recorded=recorded)
+    counts = count_acceptance(draft, target, prompt_list, CHECK_METHOD, max_rounds=int(total / FLOOR))
+    tau = tau_of(counts)
     seconds = time.perf_counter() - began
     why = "no record" if record is None else f"the record is not comparable: {comparable(record)}"
-    where = f"tau {tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), {why}"
-    if tau >= FLOOR:
+    where = f"tau {_about(counts)}{tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), {why}"
+    if tau >= FLOOR and not counts.stopped:
         return Assessment(True, f"{where} (floor {FLOOR}); {seconds:.1f} s", tau=tau)
-    causes = diagnose(draft, target, tokenizer, folder, None, target_spec, prompt_list, None)
+    causes = diagnose(draft, target, tokenizer, folder, None, target_spec, prompt_list, None, counts)
     return Assessment(False, f"{where}: below the floor of {FLOOR}, fewer than one drafted token accepted in ten "
-                             f"rounds ({seconds:.1f} s)", causes, tau=tau)
+                             f"rounds{_stop_note(counts)} ({seconds:.1f} s)", causes, tau=tau)
+
+
+def _about(counts):
+    return "about " if counts.stopped else ""
+
+
+def _stop_note(counts):
+    """Why a measurement stopped early: past that many rounds no drafter can reach the mark."""
+    if not counts.stopped:
+        return ""
+    return f" (measured until the verdict was certain: {sum(r for _, r in counts)} rounds)"
 
 
 def record_and_assess(draft, target, tokenizer, folder, target_spec=None):
@@ -319,7 +359,7 @@ def record_and_assess(draft, target, tokenizer, folder, target_spec=None):
     first = count_acceptance(draft, target, prompt_list, CHECK_METHOD)
     tau = tau_of(first)
     if tau < FLOOR:
-        causes = diagnose(draft, target, tokenizer, folder, None, target_spec, prompt_list, None)
+        causes = diagnose(draft, target, tokenizer, folder, None, target_spec, prompt_list, None, first)
         return Assessment(False, f"tau {tau:.2f} on {CHECK_PROMPTS} prompts ({CHECK_METHOD}), below the floor of "
                                  f"{FLOOR}: not recorded ({time.perf_counter() - began:.1f} s)", causes, tau=tau)
     record = measure_record(draft, target, tokenizer, target_spec, folder, known={CHECK_METHOD: first})
@@ -329,9 +369,10 @@ def record_and_assess(draft, target, tokenizer, folder, target_spec=None):
                             f"{time.perf_counter() - began:.1f} s", tau=tau)
 
 
-def diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list, recorded):
+def diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list, recorded, counts=()):
     """One line per cause of a low acceptance that can be named: the target, the tap layers, the
-    mask token, the weights' precision, the weights themselves, a zeroed matrix."""
+    mask token, the weights' precision, the weights themselves, a zeroed matrix. ``counts``: the
+    check's own, for its first prompts (the tap trials compare with them)."""
     causes = []
     config = draft.config
     kept = (record or {}).get("drafter", {})
@@ -342,7 +383,7 @@ def diagnose(draft, target, tokenizer, folder, record, target_spec, prompt_list,
             causes.append(f"target: measured against {_target_text(then)}, this target is {_target_text(now)}")
         elif then.get("name") and now.get("name") and then["name"] != now["name"]:
             causes.append(f"target: recorded against {then['name']}, this target is {now['name']} (same family and size)")
-    causes += _tap_causes(draft, target, kept, prompt_list, recorded)
+    causes += _tap_causes(draft, target, kept, prompt_list, recorded, counts)
     mask = int(config.mask_token_id)
     if kept.get("mask_token_id") is not None and kept["mask_token_id"] != mask:
         causes.append(f"mask token: {mask}{_token_text(tokenizer, mask)}, not the recorded {kept['mask_token_id']}"
@@ -385,7 +426,7 @@ def _token_text(tokenizer, token_id):
         return ""
 
 
-def _tap_causes(draft, target, kept, prompt_list, recorded):
+def _tap_causes(draft, target, kept, prompt_list, recorded, counts=()):
     """When the taps differ from the record's, try the likely mix-ups on two prompts and name the
     order that restores tau. (Without a record nothing says the taps changed, and trying orders
     on a drafter that was never good would only cost time.)"""
@@ -402,7 +443,8 @@ def _tap_causes(draft, target, kept, prompt_list, recorded):
         if all(0 <= t < layers for t in moved):
             candidates.append((moved, f"shifted by {shift:+d}"))
     sample = prompt_list[:2]
-    baseline = tau_of(count_acceptance(draft, target, sample, CHECK_METHOD))
+    finished = counts[:2] if len(counts) > 2 or (len(counts) == 2 and not getattr(counts, "stopped", False)) else None
+    baseline = tau_of(finished or count_acceptance(draft, target, sample, CHECK_METHOD))
     want = THRESHOLD * recorded
     for candidate, label in candidates:
         if candidate == taps or len(candidate) != len(taps) or len(set(candidate)) != len(candidate):

@@ -26,8 +26,10 @@ from mfd_hub.testing import save_tiny_target, tiny_drafter, tiny_registry_drafte
 from mfd_hub.verify import FAIL, PASS, SKIP, verify_checkpoint
 from mfd_hub.zoo.shipped import ACCEPTANCE_RECORD, SHIPPED_DRAFTERS, shipped_drafter_dir, zoo_folder
 
-FAILURE = re.compile(r"^tau (\d+\.\d+) on 4 prompts \(chain\), recorded (\d+\.\d+) \((\d+)%\): this drafter accepts "
-                     r"far less than it did \(\d+\.\d s\)$")
+# (a drafter past help stops being measured once no outcome can bring it to the mark: "about")
+FAILURE = re.compile(r"^tau (?:about )?(\d+\.\d+) on 4 prompts \(chain\), recorded (\d+\.\d+) \((\d+)%\): this drafter "
+                     r"accepts far less than it did(?: \(measured until the verdict was certain: \d+ rounds\))? "
+                     r"\(\d+\.\d s\)$")
 
 
 # ---- tiny models: the record's plumbing ---------------------------------------------------------
@@ -113,7 +115,8 @@ def test_cli_fails_below_the_record_and_reports_a_conversion(tiny_pair, tmp_path
     ]
     failed, broken_run, converted, converted_claimed, no_target = run_cli_many(cases, tmp_path)
 
-    assert one_error_line(failed) and "failed 1 check(s): acceptance (tau 7.75 on 4 prompts" in failed.stderr
+    assert one_error_line(failed), failed.stderr
+    assert re.search(r"failed 1 check\(s\): acceptance \(tau about 7\.\d\d on 4 prompts", failed.stderr.splitlines()[-1])
     line = next(x for x in failed.stdout.splitlines() if x.split()[:2] == ["FAIL", "acceptance"])
     assert FAILURE.match(line.split("acceptance", 1)[1].strip()), line
     assert "recorded 15.50 (50%)" in line
@@ -148,12 +151,12 @@ def test_push_refuses_a_useless_drafter_unless_told_and_then_the_card_says_so(tm
     target = tiny_target("qwen3", vocab_size=model.config.vocab_size, num_layers=model.config.num_target_layers)
     save_tiny_target(tmp_path / "target", target, with_tokenizer=False)
     common = dict(path=str(folder), dry_run=True, offline=True, progress=False, target=str(tmp_path / "target"))
-    with pytest.raises(MfdHubError, match=r"fails the acceptance check, not pushing: tau 1\.0\d on 4 prompts .* "
+    with pytest.raises(MfdHubError, match=r"fails the acceptance check, not pushing: tau (about )?1\.0\d on 4 prompts .* "
                                           r"\(--ignore-acceptance publishes it anyway, and the card says so\)"):
         plan_push(drafter.name, **common)
     plan, entries, _ = plan_push(drafter.name, ignore_acceptance=True, **common)
     card = dict(entries)["README.md"].decode()
-    assert re.match(r"tau 1\.0\d on 4 prompts", plan.acceptance_override) and plan.verification == "reused"
+    assert re.match(r"tau (about )?1\.0\d on 4 prompts", plan.acceptance_override) and plan.verification == "reused"
     assert f"**Published with `--ignore-acceptance`.** The acceptance check failed when this checkpoint was pushed: " \
            f"{plan.acceptance_override}" in card
     assert "Results (from the paper)" in card  # the registry's figures stay
@@ -249,15 +252,13 @@ def test_a_useless_copy_fails_the_check_with_its_cause(smollm2, useless, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["DPACE-SmolLM2-135M", "DFlash-SmolLM2-135M", "fp16 round trip"])
-def test_shipped_drafters_and_an_fp16_round_trip_pass(smollm2, tmp_path, name):
+def test_an_fp16_round_trip_of_the_shipped_drafter_passes(smollm2, tmp_path):
+    """(The shipped drafters pass: MFD through the CLI below; all three when their verify reports
+    were made, tests/test_miniature.py.)"""
     target, tokenizer = smollm2
-    if name == "fp16 round trip":
-        source = zoo_folder("MFD-SmolLM2-135M")
-        folder = save_draft(load_draft(source), tmp_path / "fp16", dtype=torch.float16,
-                            extra_files={RECORD_NAME: (source / RECORD_NAME).read_text()})
-    else:
-        folder = shipped_drafter_dir(name)
+    source = zoo_folder("MFD-SmolLM2-135M")
+    folder = save_draft(load_draft(source), tmp_path / "fp16", dtype=torch.float16,
+                        extra_files={RECORD_NAME: (source / RECORD_NAME).read_text()})
     result = assess(load_draft(folder), target, tokenizer, folder, "smollm2")
     assert result.ok and result.tau >= THRESHOLD * result.recorded, result.reason
     assert f"on {CHECK_PROMPTS} prompts (chain), recorded" in result.reason
