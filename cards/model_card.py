@@ -4,7 +4,8 @@
 checkpoint folder is given, that checkpoint's own shape (config.json and safetensors headers).
 The YAML metadata is written by huggingface_hub's ``ModelCardData`` so the Hub parses it: license,
 base_model (the z-lab drafter it was fine-tuned from), datasets, and a model-index that holds the
-paper's figures.
+paper's figures and, for a checkpoint with an ``acceptance.json`` (``mfd_hub.acceptance``), the
+acceptance mfd-hub measured.
 """
 
 from collections import Counter
@@ -108,7 +109,60 @@ def _eval_results(drafter, registry):
     return results
 
 
-def card_metadata(drafter, registry):
+def acceptance_of(path):
+    """A checkpoint's acceptance record as the cards show it, or None (no path, or no record)."""
+    from mfd_hub.acceptance import CHECK_METHOD, CHECK_PROMPTS, THRESHOLD, read_record
+
+    record = read_record(path) if path is not None else None
+    if record is None:
+        return None
+    return {
+        "target": record["target"].get("name") or "its target",
+        "version": record.get("mfd_hub_version"),
+        "dtype": (record.get("measured") or {}).get("dtype"),
+        "new_tokens": (record.get("measured") or {}).get("new_tokens"),
+        "tree_budget": (record.get("measured") or {}).get("tree_budget"),
+        "prompt_count": (record.get("prompts") or {}).get("count"),
+        "prompts_sha256": (record.get("prompts") or {}).get("sha256") or "",
+        "weights_dtype": record["drafter"].get("weights_dtype"),
+        "tau": dict(record.get("tau") or {}),
+        "check": {"method": CHECK_METHOD, "prompts": CHECK_PROMPTS, "threshold": THRESHOLD},
+    }
+
+
+ACCEPTANCE_TEMPLATE = "acceptance_section.md.j2"
+
+
+def acceptance_section(acceptance, override=None):
+    """The cards' markdown about the acceptance record (and a publication despite a failed
+    acceptance check); empty when there is neither."""
+    import jinja2
+
+    source = resources.files("mfd_hub.cards").joinpath(ACCEPTANCE_TEMPLATE).read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    return env.from_string(source).render(acceptance=acceptance, acceptance_override=override).strip()
+
+
+def acceptance_eval_results(acceptance):
+    """The model-index entries of an acceptance record: tau per method, at T = 0."""
+    from huggingface_hub import EvalResult
+
+    if not acceptance:
+        return []
+    return [EvalResult(
+        task_type="text-generation",
+        task_name="Speculative decoding, batch size 1",
+        dataset_type="mfd-hub-acceptance-prompts",
+        dataset_name=f"mfd-hub acceptance prompts ({acceptance['prompt_count']}, sha256 {acceptance['prompts_sha256'][:12]})",
+        metric_type="acceptance_length",
+        metric_value=tau,
+        metric_name=f"Acceptance length (tau), {method}, T=0",
+        metric_config=method,
+    ) for method, tau in acceptance["tau"].items()]
+
+
+def card_metadata(drafter, registry, acceptance=None):
     """huggingface_hub ModelCardData for the card's YAML front matter."""
     from huggingface_hub import ModelCardData
 
@@ -123,12 +177,14 @@ def card_metadata(drafter, registry):
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=tags,
-        eval_results=_eval_results(drafter, registry),
+        eval_results=_eval_results(drafter, registry) + acceptance_eval_results(acceptance),
     )
 
 
-def render_card(drafter, path=None, repo_id=None, registry=None):
-    """The complete README.md (YAML metadata + markdown) for ``drafter``."""
+def render_card(drafter, path=None, repo_id=None, registry=None, acceptance_override=None):
+    """The complete README.md (YAML metadata + markdown) for ``drafter``; with ``path``, its
+    checkpoint's shape and acceptance record. ``acceptance_override``: why the acceptance check
+    failed when the owner published anyway (``push --ignore-acceptance``), stated on the card."""
     import jinja2
 
     registry = registry or load_registry()
@@ -141,8 +197,10 @@ def render_card(drafter, path=None, repo_id=None, registry=None):
     better = [s for s in registry.siblings(drafter)
               if s.kind == drafter.kind and "hf" in s.results and "hf" in drafter.results
               and s.figures("hf")["t0"].speedup > drafter.figures("hf")["t0"].speedup]
+    acceptance = acceptance_of(path)
     text = env.from_string(source).render(
         d=drafter,
+        acceptance_section=acceptance_section(acceptance, acceptance_override),
         repo_id=repo_id or drafter.repo_id,
         paper=registry.paper,
         recipe=registry.recipe,
@@ -150,7 +208,7 @@ def render_card(drafter, path=None, repo_id=None, registry=None):
         arch=architecture(drafter, path),
         results=_results(drafter, registry),
         better=better,
-        metadata=card_metadata(drafter, registry).to_yaml(),
+        metadata=card_metadata(drafter, registry, acceptance).to_yaml(),
         version=__version__,
     )
     return text
@@ -194,9 +252,11 @@ def render_miniature_card(folder, summary, bench=None, verify_report=None):
     if checks:
         verify = {s: sum(c["status"] == key for c in checks)
                   for s, key in (("passed", "pass"), ("warned", "warn"), ("failed", "fail"))}
+    acceptance = acceptance_of(folder)
     metadata = ModelCardData(
         model_name=folder.name, license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
         tags=["mfd", "multi-future-drafting", "dflash", "speculative-decoding", "draft-model", "mfd-hub", "smollm2"],
+        eval_results=acceptance_eval_results(acceptance) or None,
     )
     source = resources.files("mfd_hub.cards").joinpath(MINIATURE_TEMPLATE).read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
@@ -204,5 +264,6 @@ def render_miniature_card(folder, summary, bench=None, verify_report=None):
     return env.from_string(source).render(
         name=folder.name, kind=kind, summary=summary, arch=architecture(None, folder), training=training,
         results=rows, baseline=baseline, bench=bench_meta, verify=verify, metadata=metadata.to_yaml(), version=__version__,
+        acceptance_section=acceptance_section(acceptance),
         paper=load_registry().paper,
     )

@@ -5,7 +5,9 @@ The order is the safety argument:
 1. ``verify_checkpoint`` and the registry's identity check run first; a checkpoint that fails
    either is refused before any network call. The verdict is kept in the mfd-hub cache keyed by
    the folder's bytes and the versions (``verify_checkpoint_once``): pushing the same bytes again
-   (after a dry run, or a failed upload) reuses it.
+   (after a dry run, or a failed upload) reuses it. With a target the checks include decoding and
+   acceptance, and the key covers the target's files too; a failed acceptance check refuses the
+   push unless the owner overrides it, and the card then says so.
 2. The card is rendered from the registry (a README.md in the folder is replaced, never sent).
 3. The plan: every file's size, sha256 and git blob id, compared with the remote branch (from its
    refs and tree listing) as new / changed / unchanged, plus remote files the folder no longer
@@ -69,6 +71,7 @@ class PushPlan:
     deleted: list
     remote: RemoteState
     verification: str = "checked"  # or "reused": the same bytes passed under the same versions before
+    acceptance_override: str | None = None  # the failed acceptance check published anyway
 
     @property
     def changed(self):
@@ -97,6 +100,7 @@ class PushPlan:
             "tag": self.tag,
             "folder": self.folder,
             "verification": self.verification,
+            "acceptance_override": self.acceptance_override,
             "remote": {"checked": self.remote.checked, "exists": self.remote.exists, "head": self.remote.head},
             "files": [f.to_dict() for f in self.files],
             "deleted": list(self.deleted),
@@ -216,14 +220,22 @@ def _hub_error(err, what, token):
     return MfdHubError(_scrub(f"{what} failed: {detail}", token))
 
 
-def check_checkpoint(drafter, folder):
+def check_checkpoint(drafter, folder, target=None, ignore_acceptance=False):
     """Refuse, before anything touches the network, a checkpoint that is unsound or is not the
-    drafter the registry describes."""
+    drafter the registry describes -> ("checked" or "reused", the failed acceptance check's reason
+    when ``ignore_acceptance`` let it through, else None)."""
     from mfd_hub.describe import checkpoint_config
     from mfd_hub.verify import verify_checkpoint_once
 
-    report, reused = verify_checkpoint_once(folder)
-    if not report.ok:
+    report, reused = verify_checkpoint_once(folder, target=target)
+    override = None
+    acceptance = [c for c in report.failures() if c.name == "acceptance"]
+    if acceptance and len(report.failures()) == 1:
+        if not ignore_acceptance:
+            raise MfdHubError(f"{folder} fails the acceptance check, not pushing: {acceptance[0].reason} "
+                              f"(--ignore-acceptance publishes it anyway, and the card says so)")
+        override = acceptance[0].reason
+    elif not report.ok:
         first = report.failures()[0]
         more = len(report.failures()) - 1
         extra = f" (and {more} more; see 'mfd-hub verify {folder}')" if more else ""
@@ -232,15 +244,16 @@ def check_checkpoint(drafter, folder):
     problems = drafter.mismatches(config)
     if problems:
         raise MfdHubError(f"{folder} is not {drafter.name} as the registry describes it: " + "; ".join(problems))
-    return "reused" if reused else "checked"
+    return ("reused" if reused else "checked"), override
 
 
 def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=None, dry_run=False, progress=True,
-              registry=None):
+              registry=None, target=None, ignore_acceptance=False):
     """Check the checkpoint, render the card and build the plan. Network: read-only calls (refs,
     tree) unless ``offline`` (default: huggingface_hub's offline mode), and none before the
-    checks; a dry run that cannot read the remote plans every file as new. Returns
-    (plan, entries, api or None)."""
+    checks; a dry run that cannot read the remote plans every file as new. ``target``: verify
+    against it too (decoding and acceptance); ``ignore_acceptance``: publish a drafter whose
+    acceptance check fails, saying so on the card. Returns (plan, entries, api or None)."""
     from huggingface_hub import HfApi, constants, get_token
 
     from mfd_hub.cards.model_card import render_card
@@ -260,8 +273,8 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
     repo_id = repo_id or drafter.repo_id
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise UsageError(f"--repo-id must be owner/name, not {repo_id!r}")
-    verification = check_checkpoint(drafter, folder)
-    card = render_card(drafter, path=folder, repo_id=repo_id, registry=registry)
+    verification, override = check_checkpoint(drafter, folder, target=target, ignore_acceptance=ignore_acceptance)
+    card = render_card(drafter, path=folder, repo_id=repo_id, registry=registry, acceptance_override=override)
     entries = collect_files(folder, card)
     planned = hash_entries(entries, progress=progress)
     offline = constants.is_offline_mode() if offline is None else offline
@@ -279,7 +292,8 @@ def plan_push(name, path=None, repo_id=None, revision="main", tag=None, offline=
             state = RemoteState(checked=f"not compared ({error}): every file counts as new")
     deleted = compare(planned, state)
     plan = PushPlan(name=drafter.name, repo_id=repo_id, revision=revision, tag=tag or drafter.release,
-                    folder=str(folder), files=planned, deleted=deleted, remote=state, verification=verification)
+                    folder=str(folder), files=planned, deleted=deleted, remote=state, verification=verification,
+                    acceptance_override=override)
     return plan, entries, api
 
 

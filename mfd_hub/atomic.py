@@ -52,3 +52,19 @@ def atomic_directory(dest, overwrite=False):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def atomic_write_text(path, text):
+    """Write a text file all at once: written beside it under a hidden name, then renamed over it,
+    so a reader sees the old file or the new one, never half of either."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        staging.write_text(text, encoding="utf-8")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o666 & ~umask)
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise

@@ -25,6 +25,9 @@ none fails. The checks, in order (``CHECKS``):
   its shapes, config or code does not load it again; a failed load is always retried.
 - ``spec-decoding`` (with a target): speculative decoding is token-identical to the target's
   greedy decoding on a short prompt.
+- ``acceptance`` (with a target): the drafter still accepts what its record
+  (``acceptance.json``) says it did, or without a record at least a floor (``mfd_hub.acceptance``);
+  a failure is followed by a line per cause it can name.
 """
 
 import json
@@ -39,7 +42,7 @@ from pathlib import Path
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
 CHECKS = (
     "files", "safetensors", "index", "config", "tensors", "finite", "draft-vocab", "target-layers",
-    "mask-token", "target", "remote-code", "auto-model", "spec-decoding",
+    "mask-token", "target", "remote-code", "auto-model", "spec-decoding", "acceptance",
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # bytes per element of every dtype the safetensors format defines
@@ -58,6 +61,13 @@ class CheckResult:
     name: str
     status: str
     reason: str = ""
+    details: list = field(default_factory=list)  # lines under the reason (the causes it names)
+
+    def to_dict(self):
+        found = asdict(self)
+        if not self.details:
+            del found["details"]  # most checks have none: their JSON stays as it was
+        return found
 
 
 @dataclass
@@ -73,19 +83,23 @@ class VerifyReport:
     def failures(self):
         return [c for c in self.checks if c.status == FAIL]
 
-    def add(self, name, status, reason=""):
-        result = CheckResult(name, status, " ".join(str(reason).split()))
+    def add(self, name, status, reason="", details=()):
+        result = CheckResult(name, status, " ".join(str(reason).split()), [" ".join(str(d).split()) for d in details])
         self.checks.append(result)
         if self.listener is not None:
             self.listener(result)
         return result
 
     def to_dict(self):
-        return {"path": self.path, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+        return {"path": self.path, "ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
 
 
 class CheckFailed(Exception):
-    """A check's verdict: fail with this one-line reason."""
+    """A check's verdict: fail with this one-line reason (and ``details``, a line per cause)."""
+
+    def __init__(self, reason, details=()):
+        super().__init__(reason)
+        self.details = list(details)
 
 
 class HeaderError(CheckFailed):
@@ -182,6 +196,8 @@ class _Checkpoint:
         self.config = None
         self.target_config = None
         self.bundle_identical = False
+        self.loaded = None  # (drafter, target, tokenizer) once a check has loaded them, for the next
+        self.record_acceptance = False  # verify --record: measure and write acceptance.json
 
 
 def _allowed_root(folder):
@@ -597,6 +613,7 @@ def check_spec_decoding(ck, target, failed_before):
 
     # fp32 and torch's own products on CPU: the check compares with plain greedy decoding token for token
     pair = load_pair(ck.folder, target, dtype="float32", linears="torch", device="cpu")
+    ck.loaded = (pair.draft, pair.target, pair.tokenizer)  # the acceptance check reuses them
     ids = _check_prompt(pair.tokenizer, pair.target.config.vocab_size)
     want = greedy_decode(pair.target, ids, SPEC_CHECK_TOKENS)
     method = "mixture" if pair.draft.config.num_modes else "product"
@@ -611,13 +628,44 @@ def check_spec_decoding(ck, target, failed_before):
     return PASS, f"{method} decoding token-identical to greedy over {len(want)} tokens (tau {out.tau:.2f})"
 
 
-def verify_checkpoint(path, target=None, listener=None):
+def check_acceptance(ck, target, failed_before):
+    if target is None:
+        return SKIP, "no target given (pass --target to compare the drafter's acceptance with its record)"
+    if failed_before:
+        return SKIP, "not run: earlier checks failed"
+    import torch
+
+    from .acceptance import RecordError, assess, record_and_assess
+    from .checkpoint import load_draft
+    from .remote.targets_mfd import UnsupportedTargetError
+    from .targets import load_target
+
+    draft, model, tokenizer = ck.loaded or (None, None, None)
+    if draft is None or draft.dtype != torch.float32:
+        draft = load_draft(ck.folder)
+    if model is None or model.dtype != torch.float32:
+        model, tokenizer = load_target(target)
+    try:
+        measure = record_and_assess if ck.record_acceptance else assess
+        result = measure(draft, model, tokenizer, ck.folder, target_spec=target)
+    except RecordError as err:
+        raise CheckFailed(str(err)) from None
+    except UnsupportedTargetError as err:
+        return SKIP, str(err)
+    if not result.ok:
+        raise CheckFailed(result.reason, result.causes)
+    return PASS, result.reason
+
+
+def verify_checkpoint(path, target=None, listener=None, record=False):
     """Run every check on a checkpoint (a folder, a Hub repo id or a shipped drafter's name, whose
     loadable folder is checked: ``resolve_drafter``) -> VerifyReport.
 
     ``report.ok`` is True when no check failed; ``report.failures()`` lists the failed checks;
     ``report.to_dict()`` is the JSON form. ``target`` (a folder, Hub id or 'smollm2') adds the
-    size checks against its config and a short lossless decoding check. ``listener`` is called
+    size checks against its config, a short lossless decoding check and the acceptance check;
+    ``record`` (with a target) writes the acceptance record of a checkpoint that has none, when
+    every check passes. ``listener`` is called
     with each CheckResult as it is decided (progress for long runs). Never raises for a damaged
     checkpoint: every problem becomes a failed check.
     """
@@ -631,6 +679,7 @@ def verify_checkpoint(path, target=None, listener=None):
         report.add("files", FAIL, str(err))
         return report
     ck = _Checkpoint(folder, _allowed_root(folder), spec=path)
+    ck.record_acceptance = record
     if target is not None:
         from .targets import target_config
 
@@ -647,15 +696,16 @@ def verify_checkpoint(path, target=None, listener=None):
         if unmet:
             blocked.add(name)
             return report.add(name, SKIP, f"not run: {', '.join(unmet)} did not pass")
+        details = ()
         try:
             status, reason = check(ck, *args)
         except CheckFailed as err:
-            status, reason = FAIL, str(err)
+            status, reason, details = FAIL, str(err), err.details
         except Exception as err:  # a damaged file must never escape as a traceback
             status, reason = FAIL, f"{type(err).__name__}: {err}"
         if status == FAIL:
             blocked.add(name)
-        return report.add(name, status, reason)
+        return report.add(name, status, reason, details)
 
     run("files", check_files)
     run("safetensors", check_safetensors)
@@ -671,6 +721,7 @@ def verify_checkpoint(path, target=None, listener=None):
     run("remote-code", check_remote_code, needs=("config",))
     run("auto-model", check_auto_model, bool(report.failures()), needs=("remote-code",))
     run("spec-decoding", check_spec_decoding, target, bool(report.failures()), needs=("tensors",))
+    run("acceptance", check_acceptance, target, bool(report.failures()), needs=("tensors",))
     return report
 
 
@@ -696,13 +747,7 @@ def library_versions():
     return versions
 
 
-def verdict_key(folder):
-    """The sha256 of everything a verification without a target depends on: every path under the
-    folder with its bytes (read through links) or, for a link, where it points; the installed
-    remote-code bundle; the versions of mfd-hub, Python and the libraries the checks use."""
-    import hashlib
-
-    from .bundle import bundle_sources
+def _folder_entries(folder):
     from .cache import file_digest
 
     folder = Path(folder)
@@ -712,32 +757,52 @@ def verdict_key(folder):
         link = os.readlink(path) if path.is_symlink() else None
         digest = file_digest(path) if path.is_file() else None
         entries.append([rel, link, digest, path.is_dir()])
+    return entries
+
+
+def verdict_key(folder, target_folder=None):
+    """The sha256 of everything a verification depends on: every path under the folder with its
+    bytes (read through links) or, for a link, where it points; the same of the target's folder
+    when there is a target; the installed remote-code bundle; the versions of mfd-hub, Python and
+    the libraries the checks use."""
+    import hashlib
+
+    from .bundle import bundle_sources
+
     bundle = hashlib.sha256(json.dumps(bundle_sources(), sort_keys=True).encode()).hexdigest()
-    document = json.dumps({"entries": entries, "bundle": bundle, "versions": library_versions()}, sort_keys=True)
-    return hashlib.sha256(document.encode()).hexdigest()
+    found = {"entries": _folder_entries(folder), "bundle": bundle, "versions": library_versions()}
+    if target_folder is not None:  # absent without a target: the keys of target-less verdicts stay as they were
+        found["target"] = _folder_entries(target_folder)
+    return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
 
 
-def verify_checkpoint_once(path):
-    """``verify_checkpoint(path)`` (no target) whose verdict is kept in the user's mfd-hub cache,
-    keyed by ``verdict_key``: asked again about the same bytes under the same versions, it answers
-    from the cache in the time of hashing the files, without loading anything. ``mfd-hub push``
-    verifies this way, so a dry run then the push (or a push repeated after a failed upload) runs
-    the checks once. -> (VerifyReport, True when it came from the cache)."""
+def verify_checkpoint_once(path, target=None):
+    """``verify_checkpoint(path, target)`` whose verdict is kept in the user's mfd-hub cache,
+    keyed by ``verdict_key``: asked again about the same bytes under the same versions (and the
+    same target's bytes), it answers from the cache in the time of hashing the files, without
+    loading anything. ``mfd-hub push`` verifies this way, so a dry run then the push (or a push
+    repeated after a failed upload) runs the checks once. -> (VerifyReport, True when it came
+    from the cache)."""
     from .cache import read_record, write_record
     from .errors import MfdHubError
     from .locate import resolve_drafter
 
     try:
         folder = resolve_drafter(path).absolute()
+        target_folder = None
+        if target is not None:
+            from .targets import _target_folder
+
+            target_folder = _target_folder(str(target))
     except MfdHubError:
-        return verify_checkpoint(path), False
-    key = verdict_key(folder)
+        return verify_checkpoint(path, target=target), False
+    key = verdict_key(folder, target_folder)
     saved = read_record(VERDICT_CACHE, key)
     try:
         return VerifyReport(path=str(path), checks=[CheckResult(**c) for c in saved["checks"]]), True
     except (KeyError, TypeError):
         pass  # not verified yet (or an unreadable entry): verify now
-    report = verify_checkpoint(folder)
+    report = verify_checkpoint(folder, target=target)
     report.path = str(path)
     write_record(VERDICT_CACHE, key, report.to_dict())
     return report, False

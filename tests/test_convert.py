@@ -389,7 +389,9 @@ def test_draft_vocab_is_lossless_and_maps_ids(vocab_pair):
 
     report = verify_checkpoint(tmp_path / "dv", target=str(tmp_path / "target"))
     statuses = {c.name: c.status for c in report.checks}
-    assert report.ok and statuses["draft-vocab"] == PASS and statuses["spec-decoding"] == PASS, report.to_dict()
+    # a random drafter accepts next to nothing, which only the acceptance check may hold against it
+    assert {c.name for c in report.failures()} <= {"acceptance"}, report.to_dict()
+    assert statuses["draft-vocab"] == PASS and statuses["spec-decoding"] == PASS, report.to_dict()
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
@@ -446,4 +448,6 @@ def test_smollm2_draft_vocab_from_text_is_lossless_and_verified(tmp_path):
         out = reduced.spec_generate(target, ids, max_new_tokens=24, method="mixture", tree_budget=8)
         assert out.new_tokens == want
     report = verify_checkpoint(tmp_path / "dv", target="smollm2")
-    assert report.ok, report.to_dict()
+    # a random drafter accepts next to nothing: the acceptance check's floor fails it, and only it
+    assert [c.name for c in report.failures()] == ["acceptance"], report.to_dict()
+    assert "below the floor of 1.1" in report.failures()[0].reason

@@ -9,6 +9,7 @@ from mfd_hub.packed_linear import speculation_linears
 from mfd_hub.zoo.bench import load_prompt_set
 from mfd_hub.zoo.ship import render_shipped_card
 from mfd_hub.zoo.shipped import (
+    ACCEPTANCE_RECORD,
     BENCH_RESULTS,
     CARD,
     HUB_FILES,
@@ -23,7 +24,7 @@ from mfd_hub.zoo.shipped import (
 @pytest.mark.parametrize("name", sorted(SHIPPED_DRAFTERS))
 def test_shipped_drafter_is_complete_and_current(name):
     folder = zoo_folder(name)
-    # the zoo keeps weights, config, card and verify report: no copy of the remote code
+    # the zoo keeps weights, config, acceptance record, card and verify report: no remote code
     assert sorted(p.name for p in folder.iterdir()) == sorted([*HUB_FILES, VERIFY_REPORT])
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "mfd_dflash"
@@ -49,7 +50,8 @@ def test_loadable_folder_equals_a_hub_ready_export(name, tmp_path, monkeypatch):
     assert folder.is_relative_to(tmp_path / "cache")
     assert shipped_drafter_dir(name) == folder  # written once, then reused
     export = save_draft(load_draft(zoo_folder(name)), tmp_path / "export", dtype=torch.bfloat16,
-                        extra_files={CARD: render_shipped_card(name)})
+                        extra_files={CARD: render_shipped_card(name),
+                                     ACCEPTANCE_RECORD: (zoo_folder(name) / ACCEPTANCE_RECORD).read_text()})
     files = sorted(p.name for p in export.iterdir())
     assert sorted(p.name for p in folder.iterdir()) == files
     assert set(bundle_sources()) < set(files)

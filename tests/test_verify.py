@@ -368,10 +368,15 @@ def test_zlab_checkpoint_is_sound_but_its_code_is_not_run(tmp_path):
 
 def test_verify_with_a_target_in_text_mode(corpus):
     result = run_cli(["verify", str(corpus / "sharded"), "--target", str(corpus / "target")], corpus)
-    assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.split()[:2] == ["pass", "spec-decoding"] for line in lines), result.stdout
-    assert lines[-1].startswith("sound:")
+    # a random drafter, and no acceptance record: the floor fails it, the only check that does,
+    # and the line under the verdict names a cause
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["FAIL", "acceptance"])
+    assert "no record: below the floor of 1.1" in lines[at], result.stdout
+    assert lines[at + 1].split()[:3] == ["cause:", "mask", "token:"], result.stdout
+    assert [line.split()[1] for line in lines if line.split()[:1] == ["FAIL"]] == ["acceptance"], result.stdout
+    assert result.returncode == 1 and one_error_line(result), result.stderr
 
 
 def test_missing_path_is_one_line(tmp_path):

@@ -1,8 +1,9 @@
 """The shipped SmolLM2-135M drafters, and the loadable folders the project hands out for them.
 
 A shipped drafter in ``zoo/NAME/`` (installed as ``mfd_hub.zoo``) is what only it can provide:
-its weights, config, model card and verify report. Its loadable folder -- the same files a Hub
-repo of it holds: weights, config, card and the remote-code bundle -- is written into the user's
+its weights, config, acceptance record, model card and verify report. Its loadable folder -- the
+same files a Hub repo of it holds: weights, config, acceptance record, card and the remote-code
+bundle -- is written into the user's
 cache (``mfd_hub.cache``) the first time it is needed and reused afterwards; its name carries a
 digest of the zoo files and the bundle, so a new mfd-hub version or a retrained drafter gets a
 fresh one.
@@ -27,7 +28,8 @@ SHIPPED_DRAFTERS = {
 # What a zoo folder holds, and which of it a Hub repo (and so the loadable folder) holds too.
 VERIFY_REPORT = "verify.json"
 CARD = "README.md"
-HUB_FILES = ("config.json", "model.safetensors", CARD)
+ACCEPTANCE_RECORD = "acceptance.json"  # mfd_hub.acceptance.RECORD_NAME (not imported: this module stays light)
+HUB_FILES = ("config.json", "model.safetensors", ACCEPTANCE_RECORD, CARD)
 BENCH_RESULTS = "bench-humaneval.json"  # zoo/<this>: the miniature's `mfd-hub bench` results
 CACHE_KIND = "drafters"
 
@@ -40,7 +42,8 @@ def zoo_dir():
 
 
 def zoo_folder(name):
-    """A shipped drafter's folder in the zoo (weights, config, card, verify report) -> Path."""
+    """A shipped drafter's folder in the zoo (weights, config, acceptance record, card, verify
+    report) -> Path."""
     if name not in SHIPPED_DRAFTERS:
         raise MfdHubError(f"no shipped drafter called {name!r}; shipped: {', '.join(SHIPPED_DRAFTERS)}")
     folder = zoo_dir() / name
@@ -54,7 +57,8 @@ def shipped_drafter_dir(name):
     """The loadable folder of a shipped drafter (in the user's cache, written on first use) -> Path.
 
     ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` loads it with only torch and
-    transformers: it holds the zoo's weights, config and card and the remote-code bundle."""
+    transformers: it holds the zoo's weights, config, acceptance record and card and the
+    remote-code bundle."""
     from mfd_hub.bundle import bundle_sources
     from mfd_hub.cache import cached_folder
 

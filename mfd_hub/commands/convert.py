@@ -186,7 +186,8 @@ def convert_draft_vocab_command(source, out, target_spec, corpus, size, field, t
 
     The drafter gets its own lm_head (those rows of the target's LM head) and d2t / t2d maps;
     it drafts over N tokens, the target verifies over all of them (still lossless). The
-    target's end-of-sequence tokens are always kept.
+    target's end-of-sequence tokens are always kept. When SOURCE has an acceptance record, the
+    result's acceptance is measured and reported against it (and recorded when it holds).
     """
     from tqdm import tqdm
 
@@ -207,7 +208,19 @@ def convert_draft_vocab_command(source, out, target_spec, corpus, size, field, t
             f"covering {100 * summary['coverage']:.2f}% of {summary['tokens']:,} corpus tokens",
             err=True,
         )
+    _report_acceptance(source, out, target_spec, summary, as_json)
     _done(summary, as_json)
+
+
+def _report_acceptance(source, out, target_spec, summary, as_json):
+    """The converted drafter's acceptance against the source's record, into ``summary`` and (for
+    a person) one line on stderr."""
+    from ..acceptance import compare_conversion, conversion_line
+    from ..locate import resolve_drafter
+
+    summary["acceptance"] = compare_conversion(resolve_drafter(source), out, target_spec)
+    if not as_json:
+        click.echo(conversion_line(summary["acceptance"]), err=True)
 
 
 @convert.command(

@@ -16,6 +16,9 @@ def _print_plan(plan):
     click.echo(f"remote: {where.get(remote.checked, remote.checked)}")
     click.echo("verify: " + ("passed (the verdict on these same bytes, reused from the mfd-hub cache)"
                              if plan.verification == "reused" else "passed"))
+    if plan.acceptance_override:
+        click.echo(f"acceptance: FAILED, published anyway (--ignore-acceptance; the card says so): "
+                   f"{plan.acceptance_override}")
     width = max(len(f.path) for f in plan.files)
     for item in plan.files:
         click.echo(f"  {item.status:<9} {item.path:<{width}} {item.size:>14,} B  sha256 {item.sha256}")
@@ -41,8 +44,13 @@ def _print_plan(plan):
 @click.option("--private", is_flag=True, help="Create the repository private (an existing one keeps its visibility).")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan and stop: no upload; the remote is only read (not at all with HF_HUB_OFFLINE=1).")
+@click.option("--target", "target_spec", default=None,
+              help="Verify against this target too (folder, Hub id or 'smollm2'): lossless decoding and the "
+                   "acceptance check, which refuses a drafter that accepts far less than its record.")
+@click.option("--ignore-acceptance", is_flag=True,
+              help="With --target: publish even when the acceptance check fails; the card states it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (the plan and the result).")
-def push(name, path, repo_id, revision, tag, private, dry_run, as_json):
+def push(name, path, repo_id, revision, tag, private, dry_run, target_spec, ignore_acceptance, as_json):
     """Verify drafter NAME's checkpoint, render its card and publish both in one commit."""
     from huggingface_hub import constants, get_token
 
@@ -53,8 +61,10 @@ def push(name, path, repo_id, revision, tag, private, dry_run, as_json):
             raise MfdHubError("HF_HUB_OFFLINE is set: pushing needs the network ('--dry-run' shows the plan)")
         if get_token() is None:
             raise MfdHubError("no Hugging Face token: set HF_TOKEN or run 'hf auth login'")
+    if ignore_acceptance and target_spec is None:
+        raise click.UsageError("--ignore-acceptance overrides the acceptance check, which needs --target.")
     plan, entries, api = plan_push(name, path=path, repo_id=repo_id, revision=revision, tag=tag, dry_run=dry_run,
-                                   progress=not as_json)
+                                   progress=not as_json, target=target_spec, ignore_acceptance=ignore_acceptance)
     problem = plan.tag_problem()
     if dry_run:
         if as_json:

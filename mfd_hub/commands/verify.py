@@ -18,11 +18,15 @@ _MARK = {"pass": "pass", "fail": "FAIL", "warn": "warn", "skip": "skip"}
     )
 )
 @click.option("--target", "target_spec", default=None,
-              help="The drafter's target (folder, Hub id or 'smollm2'): size checks and a short lossless decoding check.")
+              help="The drafter's target (folder, Hub id or 'smollm2'): size checks, a short lossless decoding check "
+                   "and the acceptance check (tau against the drafter's acceptance.json).")
+@click.option("--record", is_flag=True,
+              help="With --target: give a checkpoint that has no acceptance.json one, measured now, when every "
+                   "check passes.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as one JSON document (several drafters: a list of reports, in order).")
 @drafter_argument(name="drafters", metavar="DRAFTER...", nargs=-1)
-def verify(drafters, target_spec, as_json):
+def verify(drafters, target_spec, record, as_json):
     """Check a drafter checkpoint: files, safetensors headers, index, tensors, config, remote code,
     loading with AutoModel, and (with --target) lossless decoding. Never unpickles anything. For a
     shipped drafter it checks the loadable folder that mfd-hub hands out (the bundle included).
@@ -33,15 +37,19 @@ def verify(drafters, target_spec, as_json):
 
     if not drafters:
         raise click.UsageError("Missing argument 'DRAFTER...'.")
+    if record and target_spec is None:
+        raise click.UsageError("--record measures acceptance against a target: pass --target too.")
 
     def show(result):
         click.echo(f"  {_MARK.get(result.status, result.status)}  {result.name:<14} {result.reason}")
+        for line in result.details:
+            click.echo(f"  {'':4}  {'':<14}   cause: {line}")
 
     reports, failed = [], []
     for drafter in drafters:
         if not as_json:
             click.echo(f"verifying {drafter}")
-        report = verify_checkpoint(drafter, target=target_spec, listener=None if as_json else show)
+        report = verify_checkpoint(drafter, target=target_spec, listener=None if as_json else show, record=record)
         reports.append(report)
         failures = report.failures()
         if failures:
