@@ -1,10 +1,12 @@
 """What lossless means per dtype: fp32 identical; bf16 identical or diverging only at a near-tie
-of plain decoding's own logits -- and a wrong verifier is caught by that check."""
+(two tokens within a few times plain decoding's own rounding error of each other in exact
+arithmetic) -- and a wrong verifier is caught by that check, on the real SmolLM2 pair too."""
 
 import pytest
 import torch
 
-from mfd_hub.precision import auto_dtype, classify_divergence, resolve_dtype, rounding_bound
+from mfd_hub.precision import (NEAR_TIE_FACTOR, NEAR_TIE_TOKENS, auto_dtype, classify_divergence, exact_logits,
+                                near_tie_bound, resolve_dtype, rounding_error)
 from mfd_hub.remote import generation_mfd
 from mfd_hub.targets import greedy_decode
 from mfd_hub.testing import tiny_drafter, tiny_target
@@ -12,12 +14,20 @@ from mfd_hub.testing import tiny_drafter, tiny_target
 METHODS = ("chain", "product", "mixture")
 
 
-def test_the_rounding_bound_per_dtype():
-    logits = torch.tensor([20.0, 1.0, -3.0])
-    assert rounding_bound(torch.float32, logits) == 0.0  # fp32: no tolerance at all
-    # bf16 has 7 fraction bits: one unit at 16 <= |z| < 32 is 2^(4-7) = 0.125
-    assert rounding_bound(torch.bfloat16, logits) == pytest.approx(20 * 0.125)
-    assert rounding_bound(torch.float16, logits) == pytest.approx(20 * 2.0 ** (4 - 10))
+def test_the_rounding_error_is_the_spread_of_the_error_over_the_top_tokens():
+    """A gap between two tokens moves by the difference of their errors: the rounding error of a
+    row is the spread of its error over the exact top tokens (and the tokens named); a shift of
+    every logit moves no gap."""
+    exact = torch.arange(NEAR_TIE_TOKENS + 10, dtype=torch.float32)  # token i has logit i: top 20 are 10..29
+    error = torch.zeros_like(exact)
+    error[29], error[15], error[3] = 0.25, -0.125, 4.0
+    rounded = exact + error
+    assert rounding_error(rounded, exact) == pytest.approx(0.375)  # token 3 is not among the top 20
+    assert rounding_error(rounded, exact, tokens=(29, 3)) == pytest.approx(4.125)
+    assert rounding_error(exact + 7.5, exact) == 0.0
+    assert near_tie_bound(torch.float32, rounded, exact) == 0.0  # fp32: no tolerance at all
+    assert near_tie_bound(torch.bfloat16, rounded, exact) == pytest.approx(NEAR_TIE_FACTOR * 0.375)
+    assert near_tie_bound(torch.float16, rounded, exact) == pytest.approx(NEAR_TIE_FACTOR * 0.375)
 
 
 def test_dtype_names_and_auto():
@@ -104,17 +114,29 @@ def test_the_measured_dtype_is_kept_per_target_drafter_and_machine(monkeypatch, 
         torch.set_num_threads(threads)
 
 
-def test_classification_by_hand():
-    logits = torch.zeros(4, 8)
-    logits[2, 5], logits[2, 6] = 10.0, 9.99  # plain chose 5 at step 2; 6 is a near-tie
-    assert classify_divergence([1, 2, 5, 3], [1, 2, 5, 3], logits, torch.bfloat16)["identical"]
-    near = classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.bfloat16)
-    assert near["step"] == 2 and near["near_tie"] and near["explained"]
-    assert near["gap"] == pytest.approx(0.01, rel=1e-4) and near["bound"] == pytest.approx(20 * 2.0 ** (3 - 7))
-    far = classify_divergence([1, 2, 5, 3], [1, 2, 0, 7], logits, torch.bfloat16)  # logit 0 vs 10: no tie
+def test_classification_on_a_target_with_an_exact_tie():
+    """A real bf16 target whose token 15 has token 2's LM-head row: their exact logits tie at
+    every step, so a speculative output emitting 15 where plain decoding chose 2 diverges at a
+    near-tie; emitting the token the exact logits put last does not, and neither does any
+    divergence in float32."""
+    target = tiny_target("llama", vocab_size=16, init_std=0.2).to(torch.bfloat16)
+    with torch.no_grad():
+        target.lm_head.weight[15] = target.lm_head.weight[2]
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    plain, logits = greedy_decode(target, ids, 8, return_logits=True)
+    step = plain.index(2)  # plain decoding meets the tie (argmax keeps the lower id)
+    assert classify_divergence(plain, plain, logits, torch.bfloat16, target, ids) == {"identical": True, "explained": True}
+    tie = classify_divergence(plain, plain[:step] + [15, 7], logits, torch.bfloat16, target, ids)
+    assert tie["step"] == step and tie["gap"] == 0.0 and tie["near_tie"] and tie["explained"], tie
+    exact = exact_logits(target, ids, plain[:step])[-1]
+    last = int(exact.argmin())
+    far = classify_divergence(plain, plain[:step] + [last], logits, torch.bfloat16, target, ids)
+    assert far["gap"] == pytest.approx(float(exact[2] - exact[last])) and far["gap"] > far["bound"] > 0
     assert not far["explained"] and not far["near_tie"]
-    assert not classify_divergence([1, 2, 5, 3], [1, 2, 6, 7], logits, torch.float32)["explained"]
-    assert not classify_divergence([1, 2], [1, 2, 9], logits, torch.bfloat16)["explained"]  # went past a stop
+    assert not classify_divergence(plain, plain[:step] + [15], logits, torch.float32)["explained"]
+    assert not classify_divergence(plain[:3], plain[:3] + [9], logits, torch.bfloat16, target, ids)["explained"]
+    with pytest.raises(ValueError, match="exact logits"):
+        classify_divergence(plain, plain[:step] + [15], logits, torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +152,7 @@ def test_bf16_output_is_identical_or_diverges_at_a_near_tie(bf16_pair, method):
         ids = torch.randint(0, 16, (1, 6), generator=torch.Generator().manual_seed(seed))
         plain, logits = greedy_decode(target, ids, 40, return_logits=True)
         out = drafter.spec_generate(target, ids, max_new_tokens=40, method=method, tree_budget=16)
-        check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16)
+        check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16, target, ids)
         assert check["explained"], check
 
 
@@ -152,7 +174,7 @@ def test_a_wrong_verifier_is_caught(bf16_pair, monkeypatch):
 
     monkeypatch.setattr(generation_mfd, "next_tokens", wrong_next_tokens)
     out = drafter.spec_generate(target, ids, max_new_tokens=40, method="product", tree_budget=8)
-    check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16)
+    check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16, target, ids)
     assert not check["identical"] and not check["explained"], check
     assert check["gap"] > check["bound"]
 
