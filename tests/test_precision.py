@@ -2,13 +2,12 @@
 (two tokens within a few times plain decoding's own rounding error of each other in exact
 arithmetic) -- and a wrong verifier is caught by that check, on the real SmolLM2 pair too."""
 
-import math
-
 import pytest
 import torch
 
 from mfd_hub.precision import (NEAR_TIE_FACTOR, NEAR_TIE_TOKENS, auto_dtype, classify_divergence, exact_logits,
                                 near_tie_bound, resolve_dtype, rounding_error)
+from conftest import load_script
 from mfd_hub.remote import generation_mfd
 from mfd_hub.targets import greedy_decode
 from mfd_hub.testing import tiny_drafter, tiny_target
@@ -283,18 +282,19 @@ def test_a_reports_linears_label_maps_back_to_the_option_that_produced_it():
 
 
 # The real pair: SmolLM2-135M-Instruct in bf16 with the shipped drafter (fp32, as ``drafter_dtype``
-# keeps it where bf16 is emulated; the drafter's dtype changes only which trees are verified).
+# keeps it where bf16 is emulated; the drafter's dtype changes only which trees are verified). The
+# measurement is benchmarks/near_tie_rule.py's, on fewer tokens.
 SMOLLM2_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.", "List three uses of a paperclip."]
 SMOLLM2_TOKENS = 48
 
 
-def twenty_ulps(row):
-    """The rule this one replaced: 20 units in the last place of the step's top logit, in bf16."""
-    return 20 * 2.0 ** (math.floor(math.log2(float(row.abs().max()))) - 7)
+@pytest.fixture(scope="module")
+def near_tie_rule():
+    return load_script("benchmarks/near_tie_rule.py")
 
 
 @pytest.fixture(scope="module")
-def smollm2_bf16():
+def smollm2_bf16(near_tie_rule):
     """The bf16 target and the shipped drafter, and per prompt: its ids, plain bf16 greedy decoding
     with its own logits, and the exact logits of every step (one fp32 pass over the same tokens)."""
     import copy
@@ -310,67 +310,48 @@ def smollm2_bf16():
     runs = []
     for prompt in SMOLLM2_PROMPTS:
         ids = encode_prompt(tokenizer, prompt)
-        plain, logits = greedy_decode(target, ids, SMOLLM2_TOKENS, return_logits=True)
-        runs.append((ids, plain, logits.float(), exact_logits(target, ids, plain)[:-1]))
+        runs.append((ids, *near_tie_rule.decode_both_ways(target, ids, SMOLLM2_TOKENS)))
     return target, drafter, runs
 
 
 @pytest.mark.slow
-def test_smollm2_bf16_divergences_are_near_ties_and_the_rule_is_tighter(smollm2_bf16):
+def test_smollm2_bf16_divergences_are_near_ties_and_the_rule_is_tighter(smollm2_bf16, near_tie_rule):
     """On the real pair in bf16: (1) every verify row on plain decoding's path errs in the gap of
     the exact top two tokens by less than NEAR_TIE_FACTOR times plain decoding's rounding error of
     the same step (the measurement behind the constant, on these rows); (2) every divergence of
     honest speculative decoding is a near-tie, and some occur; (3) the runner-up of fewer steps
     lies within the new bound than within the 20-ulp one."""
     target, drafter, runs = smollm2_bf16
-    ratios, divergences, new_rule, old_rule = [], [], 0, 0
+    ratios, divergences, within_bound, within_ulps = [], [], 0, 0
     for ids, plain, logits, exact in runs:
-        errors = [rounding_error(logits[s], exact[s]) for s in range(len(plain))]
-        for s, token in enumerate(plain):
-            runner_up = int(logits[s].topk(2).indices[1])
-            new_rule += abs(float(exact[s][token] - exact[s][runner_up])) <= near_tie_bound(
-                torch.bfloat16, logits[s], exact[s], (token, runner_up))
-            old_rule += float(logits[s][token] - logits[s][runner_up]) <= twenty_ulps(logits[s])
+        counts = near_tie_rule.runner_up_counts(plain, logits, exact)
+        within_bound, within_ulps = within_bound + counts[0], within_ulps + counts[1]
         for method in METHODS:
-            walked = {"step": 1, "on_path": True}  # step 0 is the prefill's token
-
-            def on_round(tree, tokens, node_logits, path, walked=walked, plain=plain, exact=exact, errors=errors):
-                nodes = path.tolist()  # node i's logits chose the round's i-th emitted token
-                emitted = tokens[path[1:]].tolist() + [int(node_logits[nodes[-1]].argmax())]
-                for i, node in enumerate(nodes):
-                    s = walked["step"] + i
-                    if not walked["on_path"] or s >= len(plain):
-                        break
-                    a, b = exact[s].topk(2).indices
-                    verify_gap = node_logits[node].float()[a] - node_logits[node].float()[b]
-                    ratios.append(abs(float(verify_gap - (exact[s][a] - exact[s][b]))) / errors[s])
-                    walked["on_path"] = emitted[i] == plain[s]
-                walked["step"] += len(nodes)
-
-            out = drafter.spec_generate(target, ids, max_new_tokens=SMOLLM2_TOKENS, method=method, tree_budget=16,
-                                        on_round=on_round)
-            check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16, target, ids)
+            check, row_ratios = near_tie_rule.speculate_and_measure(drafter, target, ids, plain, logits, exact,
+                                                                    method, 16)
+            ratios += row_ratios
             assert check["explained"], (method, check)
             if not check["identical"]:
                 divergences.append(abs(check["gap"]) / check["rounding_error"])
     steps = sum(len(plain) for _, plain, _, _ in runs)
     print(f"verify rows {len(ratios)}, largest gap error / rounding error {max(ratios):.2f}; divergences "
           f"{len(divergences)} of {len(runs) * len(METHODS)} runs, |exact gap| / rounding error up to "
-          f"{max(divergences, default=0):.2f}; runner-up within the bound at {new_rule} of {steps} steps, "
-          f"within 20 ulps at {old_rule}")
+          f"{max(divergences, default=0):.2f}; runner-up within the bound at {within_bound} of {steps} steps, "
+          f"within 20 ulps at {within_ulps}")
     assert len(ratios) >= steps and max(ratios) < NEAR_TIE_FACTOR
     assert divergences, "no honest divergence: the near-tie branch went unexercised"
-    assert new_rule < old_rule
+    assert within_bound < within_ulps
 
 
 @pytest.mark.slow
-def test_smollm2_bf16_a_verifier_taking_the_runner_up_at_a_non_tie_is_caught(smollm2_bf16, monkeypatch):
+def test_smollm2_bf16_a_verifier_taking_the_runner_up_at_a_non_tie_is_caught(smollm2_bf16, near_tie_rule,
+                                                                              monkeypatch):
     """The verifier the 20-ulp rule let through: wherever its own runner-up lies within 20 ulps of
     its best, it takes the runner-up. Plain decoding's logits put the two tokens within 20 ulps at
     the first such step too, but the exact logits do not put them within the new bound."""
     target, drafter, runs = smollm2_bf16
     ids, plain, logits, exact = runs[0]
-    real = generation_mfd.next_tokens
+    twenty_ulps, real = near_tie_rule.twenty_ulps, generation_mfd.next_tokens
 
     def runner_up_where_twenty_ulps_allow(node_logits, **rule):
         chosen = real(node_logits, **rule)
@@ -385,9 +366,9 @@ def test_smollm2_bf16_a_verifier_taking_the_runner_up_at_a_non_tie_is_caught(smo
     out = drafter.spec_generate(target, ids, max_new_tokens=SMOLLM2_TOKENS, method="product", tree_budget=16)
     check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16, target, ids)
     step = check["step"]
+    plain_gap = float(logits[step][check["plain_token"]] - logits[step][check["spec_token"]])
     print(f"diverged at step {step}: exact gap {check['gap']:.2f} against bound {check['bound']:.2f}; "
-          f"plain decoding's gap {float(logits[step][check['plain_token']] - logits[step][check['spec_token']]):.2f} "
-          f"against 20 ulps {twenty_ulps(logits[step]):.2f}")
+          f"plain decoding's gap {plain_gap:.2f} against 20 ulps {twenty_ulps(logits[step]):.2f}")
     assert not check["identical"] and not check["explained"], check
     assert abs(check["gap"]) > check["bound"]
-    assert float(logits[step][check["plain_token"]] - logits[step][check["spec_token"]]) <= twenty_ulps(logits[step])
+    assert plain_gap <= twenty_ulps(logits[step])  # the old rule would have let it through
