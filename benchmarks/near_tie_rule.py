@@ -83,8 +83,10 @@ def main(argv=None):
     from mfd_hub.zoo.bench import load_prompt_set
     from mfd_hub.zoo.shipped import shipped_drafter_dir
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=6, help="HumanEval's first problems, asked as the bench asks them")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=6,
+                        help="HumanEval's first problems, asked as the bench asks them")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--budget", type=int, default=16, help="tree nodes (chain: its length)")
     args = parser.parse_args(argv)

@@ -96,7 +96,8 @@ def plain_copy(model):
     their own ``weight`` (a swapped layer's packed or fp16 copy is neither copied nor used: oneDNN's
     packed tensors cannot be deep-copied, and the copy must compute what torch's layers compute)."""
     swapped = [module for module in model.modules() if isinstance(module, nn.Linear) and type(module) is not nn.Linear]
-    memo = {id(layer.__dict__[name]): None for layer in swapped for name in SWAPPED_ATTRIBUTES if name in layer.__dict__}
+    memo = {id(layer.__dict__[name]): None  # deepcopy takes these as already copied, to None
+            for layer in swapped for name in SWAPPED_ATTRIBUTES if name in layer.__dict__}
     copied = copy.deepcopy(model, memo)
     for layer in copied.modules():
         if isinstance(layer, nn.Linear):

@@ -126,7 +126,8 @@ def test_classification_on_a_target_with_an_exact_tie():
     ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
     plain, logits = greedy_decode(target, ids, 8, return_logits=True)
     step = plain.index(2)  # plain decoding meets the tie (argmax keeps the lower id)
-    assert classify_divergence(plain, plain, logits, torch.bfloat16, target, ids) == {"identical": True, "explained": True}
+    identical = classify_divergence(plain, plain, logits, torch.bfloat16, target, ids)
+    assert identical == {"identical": True, "explained": True}
     tie = classify_divergence(plain, plain[:step] + [15, 7], logits, torch.bfloat16, target, ids)
     assert tie["step"] == step and tie["gap"] == 0.0 and tie["near_tie"] and tie["explained"], tie
     exact = exact_logits(target, ids, plain[:step])[-1]
@@ -366,7 +367,8 @@ def test_smollm2_bf16_a_verifier_taking_the_runner_up_at_a_non_tie_is_caught(smo
         return chosen
 
     monkeypatch.setattr(generation_mfd, "next_tokens", runner_up_where_twenty_ulps_allow)
-    out = drafter.spec_generate(target, ids, max_new_tokens=SMOLLM2_TOKENS, method="product", tree_budget=SMOLLM2_BUDGET)
+    out = drafter.spec_generate(target, ids, max_new_tokens=SMOLLM2_TOKENS, method="product",
+                                tree_budget=SMOLLM2_BUDGET)
     check = classify_divergence(plain, out.new_tokens, logits, torch.bfloat16, target, ids)
     step = check["step"]
     plain_gap = float(logits[step][check["plain_token"]] - logits[step][check["spec_token"]])
