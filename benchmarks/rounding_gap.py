@@ -1,5 +1,5 @@
 """How far a verify pass's logits move from a decode step's over the same positions, per precision:
-the measurement behind ``mfd_hub.precision.rounding_bound``.
+how far apart two computations of the same logits land (``docs/lossless.md``).
 
 For each prompt (HumanEval's first problems, asked as the bench asks them), plain greedy decoding
 writes ``--tokens`` new tokens and keeps its logits (one decode step a row). Then the target reads
@@ -9,7 +9,7 @@ logit rows is compared with the decode step that predicted the same position. A 
 oneDNN-packed or fp16-rounded weights, ``mfd_hub/packed_linear.py``) / ``bfloat16:packed``. The gap is reported in
 logits and in units in the last place of the step's largest logit, ``2^(floor(log2 |z|max) - p)``
 with p the fraction bits of the precision's sums (7 bf16, 10 fp16, 23 for fp32 rows whatever the
-weights): the rounding bound allows ``ROUNDING_ULPS`` such units.
+weights).
 
     python benchmarks/rounding_gap.py                                  # bfloat16, float32:fp16w
     python benchmarks/rounding_gap.py --precisions float32 float32:packed --prompts 8 --rows 8
@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from mfd_hub.packed_linear import fp16_weight_linears, packed_linears
-from mfd_hub.precision import FRACTION_BITS, ROUNDING_ULPS, resolve_dtype
+from mfd_hub.precision import FRACTION_BITS, resolve_dtype
 from mfd_hub.targets import encode_prompt, greedy_decode, load_target
 from mfd_hub.zoo.bench import load_prompt_set
 
@@ -52,7 +52,7 @@ def main(argv=None):
     base, tokenizer = load_target(args.target)
     prompts = load_prompt_set("humaneval", args.prompts)
     print(f"{args.target}: verify passes of {args.rows} rows against decode steps, {args.prompts} prompts x "
-          f"{args.tokens} tokens; the rounding bound allows {ROUNDING_ULPS} ulps")
+          f"{args.tokens} tokens")
     print("| precision | rows compared | largest gap (logits) | largest gap (ulps of the top logit) |")
     print("|---|---|---|---|")
     with torch.inference_mode():

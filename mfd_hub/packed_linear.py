@@ -15,6 +15,7 @@ torch's own bf16 layer computes them.
 """
 
 import contextlib
+import copy
 
 import torch
 import torch.nn as nn
@@ -85,6 +86,25 @@ def _swapped_linears(model, available, layer_class, attribute, make):
         for layer in layers:
             layer.__class__ = nn.Linear
             layer.__dict__.pop(attribute, None)
+
+
+SWAPPED_ATTRIBUTES = ("packed_weight", "fp16_weight")  # what a swapped layer multiplies by instead of its weight
+
+
+def plain_copy(model):
+    """A deep copy of ``model`` whose linear layers are all plain ``nn.Linear`` again, computing with
+    their own ``weight`` (a swapped layer's packed or fp16 copy is neither copied nor used: oneDNN's
+    packed tensors cannot be deep-copied, and the copy must compute what torch's layers compute)."""
+    swapped = [module for module in model.modules() if isinstance(module, nn.Linear) and type(module) is not nn.Linear]
+    memo = {id(layer.__dict__[name]): None  # deepcopy takes these as already copied, to None
+            for layer in swapped for name in SWAPPED_ATTRIBUTES if name in layer.__dict__}
+    copied = copy.deepcopy(model, memo)
+    for layer in copied.modules():
+        if isinstance(layer, nn.Linear):
+            layer.__class__ = nn.Linear
+            for name in SWAPPED_ATTRIBUTES:
+                layer.__dict__.pop(name, None)
+    return copied
 
 
 def fp16_weight_linears_available(model):

@@ -338,7 +338,7 @@ def _bench_one_prompt(targets, spec_dtype, stop_ids, index, ids, drafters, metho
                 for k, v in out.stage_seconds.items():
                     stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
                 if temperature == 0:
-                    check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype)
+                    check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype, target, ids)
                     if not check["identical"]:
                         stats.mismatches += 1
                         stats.near_ties += 1 if check["explained"] else 0

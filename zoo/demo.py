@@ -90,7 +90,8 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
             row.update(budget=None, rounds=None, tau=None, dtype=name.split()[1])
         else:
             out = last[name]
-            check = classify_divergence(reference_tokens, out.new_tokens, reference_logits, spec_dtype)
+            check = classify_divergence(reference_tokens, out.new_tokens, reference_logits, spec_dtype,
+                                        targets[spec_dtype], ids)
             row.update(budget=budget, rounds=out.rounds, tau=out.tau, dtype=dtype_name(spec_dtype),
                        mean_tree_size=sum(out.tree_sizes) / max(1, len(out.tree_sizes)),
                        modes_drafted=out.modes_drafted, stage_seconds=dict(out.stage_seconds), lossless=check)

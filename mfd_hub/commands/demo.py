@@ -16,8 +16,8 @@ def describe_check(check):
     if check["identical"]:
         return "identical"
     if check.get("near_tie"):
-        return f"near-tie at token {check['step']} (gap {check['gap']:.3f} <= {check['bound']:.3f})"
-    reason = check.get("reason") or f"gap {check['gap']:.3f} > bound {check['bound']:.3f}"
+        return f"near-tie at token {check['step']} (exact gap {abs(check['gap']):.3f} <= {check['bound']:.3f})"
+    reason = check.get("reason") or f"exact gap {abs(check['gap']):.3f} > bound {check['bound']:.3f}"
     return f"DIVERGED at token {check['step']} ({reason})"
 
 
