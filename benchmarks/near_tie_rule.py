@@ -1,4 +1,4 @@
-"""The measurement behind the bf16 near-tie rule (``mfd_hub.precision.NEAR_TIE_FACTOR``).
+"""The measurement behind the bf16 near-tie rule (``mfd_hub.near_tie.NEAR_TIE_FACTOR``).
 
 For each prompt, plain greedy decoding of the target in bf16 writes ``--tokens`` tokens with its own
 logits, and one fp32 pass over the same tokens on the same (widened) weights gives every step's
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from mfd_hub.precision import classify_divergence, exact_logits, near_tie_bound, rounding_error
+from mfd_hub.near_tie import classify_divergence, exact_logits, near_tie_bound, rounding_error
 
 METHODS = ("chain", "product", "mixture")
 

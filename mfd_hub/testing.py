@@ -257,6 +257,20 @@ def random_tree(rng, n, max_depth=None):
     return torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths)
 
 
+def spine_tree(n, spine, seed):
+    """(parents, depths) of an n-node tree whose first ``spine`` nodes form a chain (the root -1,
+    parents before children), with random branches off it: deep trees for the verifiers' brute
+    force checks."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1] + list(range(spine - 1))
+    for i in range(spine, n):
+        parents.append(int(torch.randint(0, i, (1,), generator=gen)))
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    return torch.tensor(parents), torch.tensor(depths)
+
+
 def chain_tree(n):
     """(tokens, parents, depths) of an n-node chain."""
     steps = torch.arange(n)

@@ -138,13 +138,10 @@ def main(argv):
         return [stage for stage in stages(answers) if stage[0].startswith(args.only)]
 
     if args.action == "commands":
-        for name, command, _ in plan():
-            print(f"{name}: {' '.join(command)}")
+        retrain.print_commands(plan())
         return 0
     if args.action == "status":
-        spent = {}
-        for entry in ledger():
-            spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+        spent = retrain.cpu_seconds_by_stage(ledger())
         print(f"training data: {f'the first {frozen} answers' if frozen else 'not frozen yet'} of {retrain.DATA}")
         for name, _, marker in plan():
             state = "done" if marker.exists() else "to do"

@@ -207,6 +207,19 @@ def run_stage(name, argv, marker, ledger_path=None):
     return child.returncode
 
 
+def print_commands(plan):
+    for name, command, _ in plan:
+        print(f"{name}: {' '.join(command)}")
+
+
+def cpu_seconds_by_stage(entries):
+    """{stage: CPU seconds} over ledger entries, stopped attempts included."""
+    spent = {}
+    for entry in entries:
+        spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+    return spent
+
+
 def ledger():
     path = ROOT / "ledger.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -281,13 +294,10 @@ def main(argv):
         return 0
     restore_bundles()
     if args.action == "commands":
-        for name, command, _ in plan:
-            print(f"{name}: {' '.join(command)}")
+        print_commands(plan)
         return 0
     if args.action == "status":
-        spent = {}
-        for entry in ledger():
-            spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+        spent = cpu_seconds_by_stage(ledger())
         print(f"training data: {f'the first {frozen} answers' if frozen else 'not frozen yet'}; "
               f"{answers_available()} regenerated in {DATA}")
         for name, _, marker in plan:

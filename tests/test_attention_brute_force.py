@@ -11,7 +11,7 @@ import torch
 
 from mfd_hub.kernels.tree_attention import ancestor_mask
 from mfd_hub.remote.targets_mfd import AttentionVerifier, make_verifier
-from mfd_hub.testing import tiny_drafter, tiny_target
+from mfd_hub.testing import spine_tree, tiny_drafter, tiny_target
 
 FAMILIES = ("llama", "qwen3")
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -20,18 +20,6 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 def brute_target(family, vocab_size=16):
     return tiny_target(family, vocab_size=vocab_size, num_layers=4, init_std=0.3)
 
-
-def deep_tree(n, spine, seed):
-    """parents, depths of an n-node tree whose first ``spine`` nodes form a chain, with random
-    branches off it (parents before children)."""
-    gen = torch.Generator().manual_seed(seed)
-    parents = [-1] + list(range(spine - 1))
-    for i in range(spine, n):
-        parents.append(int(torch.randint(0, i, (1,), generator=gen)))
-    depths = [0]
-    for p in parents[1:]:
-        depths.append(depths[p] + 1)
-    return torch.tensor(parents), torch.tensor(depths)
 
 
 def assert_nodes_equal_plain_forward(target, taps, committed, tokens, parents, logits, node_taps):
@@ -80,7 +68,7 @@ def test_hand_made_deep_trees(family):
         verifier.prefill(torch.tensor([committed]))
         assert_cache_is_prefill(verifier, target, committed)
         for n, spine, pick in ROUNDS:
-            parents, depths = deep_tree(n, spine, seed=n)
+            parents, depths = spine_tree(n, spine, seed=n)
             tokens = torch.randint(0, 16, (n,), generator=gen)
             logits, node_taps = verifier.verify(tokens, depths, ancestor_mask(parents))
             assert_nodes_equal_plain_forward(target, taps, committed, tokens, parents, logits, node_taps)
@@ -96,7 +84,7 @@ def test_a_leaky_commit_is_caught():
     target = brute_target("qwen3")
     verifier = make_verifier(target, [0, 3])
     committed = [3, 1, 4, 1, 5]
-    parents, depths = deep_tree(8, 4, seed=3)
+    parents, depths = spine_tree(8, 4, seed=3)
     tokens = torch.tensor([2, 7, 7, 1, 9, 4, 4, 6])
     with torch.no_grad():
         verifier.prefill(torch.tensor([committed]))

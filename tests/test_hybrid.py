@@ -13,7 +13,7 @@ from mfd_hub.kernels import tree_deltanet
 from mfd_hub.kernels.tree_attention import ancestor_mask
 from mfd_hub.remote.hybrid_mfd import HybridVerifier
 from mfd_hub.remote.targets_mfd import AttentionVerifier, UnsupportedTargetError, make_verifier
-from mfd_hub.testing import greedy_decode, save_tiny_target, tiny_drafter, tiny_target
+from mfd_hub.testing import greedy_decode, save_tiny_target, spine_tree, tiny_drafter, tiny_target
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # (family, layer count, layer_types): None is the config's default, one full layer in four
@@ -32,18 +32,6 @@ def hybrid_target(pattern, vocab_size=16, **kw):
     extra = {} if types is None else {"layer_types": types}
     return tiny_target(family, vocab_size=vocab_size, num_layers=layers, init_std=0.2, **extra, **kw)
 
-
-def random_tree(n, spine, seed):
-    """parents (root -1, parents before children) of an n-node tree whose first ``spine`` nodes
-    form a chain, plus random branches; and its depths."""
-    gen = torch.Generator().manual_seed(seed)
-    parents = [-1] + list(range(spine - 1))
-    for i in range(spine, n):
-        parents.append(int(torch.randint(0, i, (1,), generator=gen)))
-    depths = [0]
-    for p in parents[1:]:
-        depths.append(depths[p] + 1)
-    return torch.tensor(parents), torch.tensor(depths)
 
 
 # ---- kernels ------------------------------------------------------------------------------------
@@ -66,7 +54,7 @@ def test_tree_kernels_equal_sequential_decoding_on_every_path(n, spine, decay):
     functions run over the committed state and the root-to-i path (also under decays strong
     enough that the committed state fades out within the tree)."""
     t = kernel_inputs(n, decay=decay)
-    parents, depths = random_tree(n, spine, seed=n)
+    parents, depths = spine_tree(n, spine, seed=n)
     mask = ancestor_mask(parents)
     layout = tree_deltanet.tree_layout(depths, mask, width=4)
     for i in range(n):  # row i of the ancestor table: the root-to-i path
@@ -192,7 +180,7 @@ def test_verify_and_commit_equal_brute_force(name, prompt):
         torch.testing.assert_close(prompt_taps, torch.cat([full.hidden_states[i + 1] for i in taps], -1)[0])
         # commit a deep path (conv windows wholly inside the tree), the root alone, a branch
         for n, spine, pick in [(14, 7, 6), (9, 4, 0), (16, 6, 15), (5, 5, 4)]:
-            parents, depths = random_tree(n, spine, seed=n + len(committed))
+            parents, depths = spine_tree(n, spine, seed=n + len(committed))
             tokens = torch.randint(0, 16, (n,), generator=gen)
             mask = ancestor_mask(parents)
             logits, node_taps = verifier.verify(tokens, depths, mask)

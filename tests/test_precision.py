@@ -5,8 +5,9 @@ arithmetic) -- and a wrong verifier is caught by that check, on the real SmolLM2
 import pytest
 import torch
 
-from mfd_hub.precision import (NEAR_TIE_FACTOR, NEAR_TIE_TOKENS, auto_dtype, classify_divergence, exact_logits,
-                                near_tie_bound, resolve_dtype, rounding_error)
+from mfd_hub.near_tie import (NEAR_TIE_FACTOR, NEAR_TIE_TOKENS, classify_divergence, exact_logits, near_tie_bound,
+                              rounding_error)
+from mfd_hub.precision import auto_dtype, resolve_dtype
 from conftest import load_script
 from mfd_hub.remote import generation_mfd
 from mfd_hub.targets import greedy_decode

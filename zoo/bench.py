@@ -305,7 +305,8 @@ def _bench_one_prompt(targets, spec_dtype, stop_ids, index, ids, drafters, metho
                       max_new_tokens, seed, progress):
     """Plain decoding in every dtype, then every configuration, on one prompt -> {"plain": {dtype
     name: [tokens, seconds]}, "cells": [RunStats of this prompt alone]}."""
-    from mfd_hub.precision import classify_divergence, dtype_name
+    from mfd_hub.near_tie import classify_divergence
+    from mfd_hub.precision import dtype_name
 
     plain, reference, cells = {}, None, []
     target = targets[spec_dtype]

@@ -27,7 +27,8 @@ def run_demo(prompt, drafter="MFD-SmolLM2-135M", budget="auto", max_new_tokens=1
 
     import torch
 
-    from mfd_hub.precision import classify_divergence, dtype_name
+    from mfd_hub.near_tie import classify_divergence
+    from mfd_hub.precision import dtype_name
     from mfd_hub.targets import SMOLLM2, greedy_decode
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything the demo needs is on disk

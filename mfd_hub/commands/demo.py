@@ -10,7 +10,7 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 
 def describe_check(check):
-    """One word (or phrase) for a lossless check of ``mfd_hub.precision.classify_divergence``."""
+    """One word (or phrase) for a lossless check of ``mfd_hub.near_tie.classify_divergence``."""
     if check is None:
         return ""
     if check["identical"]:
