@@ -1,5 +1,5 @@
-"""A finished bench's journal kept packed (progress.jsonl.gz) resumes like the plain one; a refused
-resume leaves it as it was."""
+"""bench's records: a finished journal kept packed (progress.jsonl.gz) resumes like the plain one; a refused
+resume leaves it as it was; the report tables give ms a round per stage."""
 
 import pytest
 
@@ -45,3 +45,18 @@ def test_a_refused_resume_leaves_the_packed_journal_untouched(tmp_path):
     assert (tmp_path / PACKED_PROGRESS_NAME).read_bytes() == packed and not (tmp_path / PROGRESS_NAME).exists()
     fresh = BenchJournal(tmp_path, SETTINGS, resume=False)  # without --resume an old journal is discarded
     assert len(fresh) == 0 and not (tmp_path / PACKED_PROGRESS_NAME).exists()
+
+
+def test_the_report_tables_show_where_a_rounds_time_goes():
+    """bench's markdown (and demo's table) give each configuration's ms a round per stage."""
+    from mfd_hub.zoo.bench import markdown_table, round_stages_ms
+
+    per_round = {"prefill": 0.5, "draft": 0.0042, "tree": 0.0008, "verify": 0.0374, "commit": 0.0015}
+    assert round_stages_ms(per_round) == "4.2 / 0.8 / 37.4 / 1.5"
+    assert round_stages_ms({}) == "0.0 / 0.0 / 0.0 / 0.0"
+    row = {"drafter": "D", "method": "mixture", "budget": 16, "dtype": "bfloat16", "temperature": 0.0, "tau": 3.1,
+           "speedup": 2.0, "tokens_per_second": 60.0, "plain_tokens_per_second": 30.0, "baseline_dtype": "bfloat16",
+           "chimera_share": None, "mismatches": 0, "near_ties": 0, "stage_seconds_per_round": per_round}
+    header, rule, line = markdown_table([row]).splitlines()
+    assert header.endswith("| ms a round: draft / tree / verify / commit |") and rule.count("---") == 12
+    assert line.endswith("| 4.2 / 0.8 / 37.4 / 1.5 |")

@@ -356,17 +356,26 @@ def _chain_budget(budgets):
     return min(fixed) if fixed else "auto"
 
 
+ROUND_STAGES = ("draft", "tree", "verify", "commit")
+
+
+def round_stages_ms(seconds_per_round):
+    """'draft / tree / verify / commit' in ms a round, where a user sees where a round's time goes."""
+    return " / ".join(f"{1000 * seconds_per_round.get(stage, 0.0):.1f}" for stage in ROUND_STAGES)
+
+
 def markdown_table(rows):
     header = ("| drafter | method | B | dtype | T | tau | speedup | tok/s | baseline | chimera share | "
-              "divergences (near-tie) |")
-    lines = [header, "|" + "---|" * 11]
+              "divergences (near-tie) | ms a round: " + " / ".join(ROUND_STAGES) + " |")
+    lines = [header, "|" + "---|" * 12]
     for r in rows:
         chim = "" if r["chimera_share"] is None else f"{100 * r['chimera_share']:.1f}%"
         budget = r["budget"] if r["budget"] != "auto" else f"auto ({r['mean_tree_size']:.1f})"
         lines.append(
             f"| {r['drafter']} | {r['method']} | {budget} | {r['dtype']} | {r['temperature']:g} | {r['tau']:.2f} | "
             f"{r['speedup']:.2f}x | {r['tokens_per_second']:.1f} | {r['plain_tokens_per_second']:.1f} "
-            f"{r['baseline_dtype']} | {chim} | {r['mismatches']} ({r['near_ties']}) |"
+            f"{r['baseline_dtype']} | {chim} | {r['mismatches']} ({r['near_ties']}) | "
+            f"{round_stages_ms(r['stage_seconds_per_round'])} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -49,6 +49,7 @@ def demo(prompt, drafter, budget, dtype, linears, max_new_tokens, repeats, as_js
     plain decoding. Checks every output against plain decoding in the same dtype: identical in
     fp32; in bf16/fp16 identical or diverging only at a near-tie (exit 1 otherwise).
     """
+    from ..zoo.bench import ROUND_STAGES, round_stages_ms
     from ..zoo.demo import run_demo
 
     result = run_demo(prompt, drafter=drafter, budget=budget, max_new_tokens=max_new_tokens, dtype=dtype,
@@ -72,6 +73,14 @@ def demo(prompt, drafter, budget, dtype, linears, max_new_tokens, repeats, as_js
                 f"{'' if row['tau'] is None else format(row['tau'], '.2f'):>5} {row['tokens_per_second']:>7.1f} "
                 f"{row['speedup']:>7.2f}x  {describe_check(row.get('lossless'))}"
             )
+        # where a round's time goes, per method: what the speedups above are made of
+        click.echo(f"\n{'ms a round':<15} {' / '.join(ROUND_STAGES):<30} modes drafted (mean)")
+        for row in result["runs"]:
+            if row["rounds"]:
+                per_round = {k: v / row["rounds"] for k, v in row["stage_seconds"].items()}
+                drafted = row.get("modes_drafted") or []
+                modes = f"{sum(drafted) / len(drafted):.2f}" if drafted else ""
+                click.echo(f"{row['method']:<15} {round_stages_ms(per_round):<30} {modes}")
     bad = [row["method"] for row in result["runs"] if row.get("lossless") and not row["lossless"]["explained"]]
     if bad:
         raise MfdHubError(f"{', '.join(bad)}: output differs from plain greedy decoding beyond what rounding in "
