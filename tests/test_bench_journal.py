@@ -60,3 +60,18 @@ def test_the_report_tables_show_where_a_rounds_time_goes():
     header, rule, line = markdown_table([row]).splitlines()
     assert header.endswith("| ms a round: draft / tree / verify / commit |") and rule.count("---") == 12
     assert line.endswith("| 4.2 / 0.8 / 37.4 / 1.5 |")
+
+
+def test_a_cell_counts_the_modes_each_round_drafted_and_reads_old_journals():
+    """auto chooses how many of the mixture's modes to draft: a cell keeps the rounds per mode count
+    (through the journal's JSON), its row the shares and the mean; a cell journalled before the
+    count existed reads back with none."""
+    a = RunStats(drafter="d", method="mixture", budget="auto", temperature=0.0, rounds=3, rounds_by_modes={8: 1, 2: 2})
+    b = RunStats(drafter="d", method="mixture", budget="auto", temperature=0.0, rounds=1, rounds_by_modes={2: 1})
+    a.add(RunStats.from_json(b.to_json()))
+    assert a.rounds_by_modes == {8: 1, 2: 3}
+    row = a.row({"dtype": "float32", "tokens": 1, "seconds": 1.0})
+    assert row["modes_drafted"] == {2: 0.75, 8: 0.25} and row["mean_modes_drafted"] == 3.5
+    old = a.to_json()
+    del old["rounds_by_modes"]
+    assert RunStats.from_json(old).rounds_by_modes == {}

@@ -54,13 +54,14 @@ class RunStats:
     divergences: list = field(default_factory=list)  # every non-identical output's classification
     prompts: int = 0
     tokens_accepted: int = 0
+    rounds_by_modes: dict = field(default_factory=dict)  # rounds per count of modes drafted (0: a plain step)
 
     def add(self, other):
         """Fold ``other`` (the same cell, other prompts) into this one."""
         for name in ("tokens", "rounds", "seconds", "nodes", "tree_nodes", "rare_last_step", "chimeras",
                      "mismatches", "near_ties", "prompts", "tokens_accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("stage_seconds", "mass_by_depth", "nodes_by_depth"):
+        for name in ("stage_seconds", "mass_by_depth", "nodes_by_depth", "rounds_by_modes"):
             mine = getattr(self, name)
             for key, value in getattr(other, name).items():
                 mine[key] = mine.get(key, 0) + value
@@ -72,8 +73,8 @@ class RunStats:
     @classmethod
     def from_json(cls, data):
         data = dict(data)
-        for name in ("mass_by_depth", "nodes_by_depth"):  # JSON keys are strings; depths are ints
-            data[name] = {int(depth): value for depth, value in data[name].items()}
+        for name in ("mass_by_depth", "nodes_by_depth", "rounds_by_modes"):  # JSON keys are strings; these are ints
+            data[name] = {int(key): value for key, value in data.get(name, {}).items()}
         return cls(**data)
 
     def row(self, baseline):
@@ -96,6 +97,10 @@ class RunStats:
             "speedup": speed / plain if plain == plain and plain > 0 else float("nan"),
             "mean_tree_size": self.tree_nodes / self.rounds if self.rounds else None,
             "stage_seconds_per_round": {k: v / max(1, self.rounds) for k, v in self.stage_seconds.items()},
+            # how many modes each round drafted (auto chooses the mixture's): share of rounds, and the mean
+            "modes_drafted": {m: n / max(1, self.rounds) for m, n in sorted(self.rounds_by_modes.items())},
+            "mean_modes_drafted": (sum(m * n for m, n in self.rounds_by_modes.items()) / self.rounds
+                                   if self.rounds_by_modes and self.rounds else None),
             "chimera_share": self.chimeras / self.nodes if self.nodes else None,
             "rare_last_step_share": self.rare_last_step / self.nodes if self.nodes else None,
             "mass_per_depth": {d: self.mass_by_depth[d] / max(1, self.rounds) for d in depths},
@@ -338,6 +343,8 @@ def _bench_one_prompt(targets, spec_dtype, stop_ids, index, ids, drafters, metho
                 stats.seconds += out.seconds
                 for k, v in out.stage_seconds.items():
                     stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+                for m in out.modes_drafted:
+                    stats.rounds_by_modes[m] = stats.rounds_by_modes.get(m, 0) + 1
                 if temperature == 0:
                     check = classify_divergence(reference[0], out.new_tokens, reference[1], spec_dtype, target, ids)
                     if not check["identical"]:
