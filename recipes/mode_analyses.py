@@ -51,12 +51,12 @@ Long runs are resumable: each finished prompt's sums are appended to ``<out>/pro
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
 from mfd_hub.errors import MfdHubError
+from mfd_hub.journal import append_line, read_entries
 from mfd_hub.kernels.accept import accept_walk
 from mfd_hub.kernels.tree_attention import ancestor_mask
 from mfd_hub.kernels.tree_build import build_mixture_tree, draft_candidates
@@ -570,7 +570,7 @@ def report(total, budgets, names, geometry, settings):
 # -- the journal and the command's work ------------------------------------------------------------
 class AnalysesJournal:
     """``<out>/progress.jsonl``: the settings, then one line of sums per finished prompt, appended
-    and synced as each ends (a run of hours survives its session; a line cut by a crash is
+    and synced as each ends (a run of hours survives being stopped; a line cut by a crash is
     dropped). With ``resume`` the prompts found there are read, not recomputed; other settings
     are refused. Without it an old journal is replaced."""
 
@@ -581,36 +581,18 @@ class AnalysesJournal:
         if not resume and self.path.exists():
             self.path.unlink()
         if self.path.exists():
-            lines = self.path.read_bytes().split(b"\n")
-            try:
-                header = json.loads(lines[0])
-            except json.JSONDecodeError:
-                raise MfdHubError(f"{self.path}: not a mode-analyses progress file; run without --resume "
-                                  "to replace it") from None
-            if header.get("format") != FORMAT or header.get("settings") != self.settings:
-                old = header.get("settings") or {}
-                changed = sorted(k for k in set(old) | set(self.settings) if old.get(k) != self.settings.get(k))
-                raise MfdHubError(f"{self.path} holds analyses with other settings ({', '.join(changed)}); resume "
-                                  "with the same ones, or run without --resume to start afresh")
-            if lines[-1]:  # a line cut by a crash
-                with open(self.path, "r+b") as handle:
-                    handle.truncate(sum(len(line) + 1 for line in lines[:-1]))
-            for line in lines[1:-1]:
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+            for entry in read_entries(self.path, self.settings, "mode-analyses", FORMAT):
                 self.done[entry["record"]] = self._unpack(entry["sums"])
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append({"format": FORMAT, "settings": self.settings})
+            append_line(self.path, {"format": FORMAT, "settings": self.settings})
 
     CELL = ("accepted", "accepted_forks", "round_tokens", "rounds")
 
     def add(self, record, sums):
         packed = {**sums, "cells": {name: [*(c[k] for k in self.CELL), *c["mass_per_depth"]]
                                     for name, c in sums["cells"].items()}}
-        self._append({"record": record, "sums": packed})
+        append_line(self.path, {"record": record, "sums": packed})
         self.done[record] = sums
 
     def _unpack(self, sums):
@@ -618,11 +600,6 @@ class AnalysesJournal:
         return {**sums, "cells": {name: {**dict(zip(self.CELL, row[:n])), "mass_per_depth": row[n:]}
                                   for name, row in sums["cells"].items()}}
 
-    def _append(self, document):
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(document) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
 
 
 def analyse_modes(drafter_spec, against_spec, target_spec, data, limit=None, budgets=BUDGETS, max_new_tokens=128,

@@ -18,7 +18,6 @@ import dataclasses
 import gzip
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mfd_hub.errors import MfdHubError
+from mfd_hub.journal import append_line, check_header, read_entries
 
 RARE = 0.01
 
@@ -141,37 +141,17 @@ class BenchJournal:
                     old.unlink()
         if not self.path.exists() and packed.exists():
             text = gzip.decompress(packed.read_bytes())
-            self._check_header(text.split(b"\n", 1)[0], packed)
+            check_header(text.split(b"\n", 1)[0], packed, self.settings, "bench")
             temporary = self.path.with_suffix(".tmp")
             temporary.write_bytes(text)
             temporary.replace(self.path)
             packed.unlink()
         if self.path.exists():
-            lines = self.path.read_bytes().split(b"\n")
-            self._check_header(lines[0], self.path)
-            if lines[-1]:  # a line cut by a crash: drop it, so that the next line starts clean
-                with open(self.path, "r+b") as handle:
-                    handle.truncate(sum(len(line) + 1 for line in lines[:-1]))
-            for line in lines[1:-1]:  # the last piece has no newline: empty, or cut by a crash
-                try:
-                    unit = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+            for unit in read_entries(self.path, self.settings, "bench"):
                 self.units[(unit["temperature"], unit["prompt"], unit["ids"])] = unit
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._append({"format": "mfd-hub-bench-progress-1", "settings": self.settings})
-
-    def _check_header(self, first_line, path):
-        try:
-            header = json.loads(first_line)
-        except json.JSONDecodeError:
-            raise MfdHubError(f"{path}: not a bench progress file; run without --resume to replace it") from None
-        if header.get("settings") != self.settings:
-            changed = sorted(k for k in set(self.settings) | set(header.get("settings") or {})
-                             if (header.get("settings") or {}).get(k) != self.settings.get(k))
-            raise MfdHubError(f"{path} holds a bench run with other settings ({', '.join(changed)}); "
-                              "resume it with the same ones, or run without --resume to start afresh")
+            append_line(self.path, {"format": "mfd-hub-bench-progress-1", "settings": self.settings})
 
     @staticmethod
     def _ids_digest(ids):
@@ -187,17 +167,12 @@ class BenchJournal:
     def add(self, temperature, name, ids, unit):
         line = {"temperature": float(temperature), "prompt": name, "ids": self._ids_digest(ids),
                 "plain": unit["plain"], "cells": [stats.to_json() for stats in unit["cells"]]}
-        self._append(line)
+        append_line(self.path, line)
         self.units[(line["temperature"], name, line["ids"])] = line
 
     def __len__(self):
         return len(self.units)
 
-    def _append(self, document):
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(document) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
 
 
 def pack_journal(out_dir):
