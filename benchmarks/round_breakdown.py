@@ -13,11 +13,15 @@ parts add up; the generation itself never does that unless ``sync_timing=True``)
   commit         the KV compaction (``verifier.commit``)
   rest           the summary read, the drafter's context update, bookkeeping
 The untrained drafter accepts little, so rounds are short; the per-round costs are what matter.
+With ``--drafter`` a trained one (a shipped drafter's name or a checkpoint folder) runs instead, in
+``--dtype`` with the products the demo uses, on HumanEval problems (``--problems``, as bench encodes them).
 
     python benchmarks/round_breakdown.py [--device cpu] [--backend auto] [--tokens 48] [--threads 1]
+    python benchmarks/round_breakdown.py --drafter MFD-SmolLM2-135M --budget 16 --threads 2 --tokens 128
 """
 
 import argparse
+import contextlib
 import time
 from collections import defaultdict
 
@@ -82,30 +86,36 @@ def instrument(clock, drafter):
     return undo
 
 
-def measure_rounds(drafter, target, ids, method, budget, tokens, device, mode=0):
-    """One warm-up, then one instrumented ``spec_generate`` -> per-round figures: ``rounds``,
+def measure_rounds(drafter, target, ids, method, budget, tokens, device, mode=0, num_modes=None):
+    """One warm-up, then an instrumented ``spec_generate`` per prompt (``ids``: one, or a list)
+    -> per-round figures: ``rounds``,
     ``tau``, ``parts`` (ms a round for each of PARTS), ``round_ms`` (the decoding loop's time a
     round, prefill excluded) and ``outside`` (the share of a round spent outside the target's
     verify forward). benchmarks/gpu_check.py reuses it on a Qwen3-8B-shaped target."""
-    drafter.spec_generate(target, ids, max_new_tokens=4, method=method, tree_budget=budget, mode=mode)  # warm-up
+    prompts = ids if isinstance(ids, list) else [ids]
+    drafter.spec_generate(target, prompts[0], max_new_tokens=4, method=method, tree_budget=budget, mode=mode)  # warm-up
     clock = PartClock(device)
     undo = instrument(clock, drafter)
+    rounds, emitted, loop = 0, 0, 0.0
     try:
-        clock.sync()
-        started = time.perf_counter()
-        out = drafter.spec_generate(target, ids, max_new_tokens=tokens, method=method, tree_budget=budget, mode=mode)
-        clock.sync()
-        total = time.perf_counter() - started
+        for prompt in prompts:
+            clock.sync()
+            started = time.perf_counter()
+            out = drafter.spec_generate(target, prompt, max_new_tokens=tokens, method=method, tree_budget=budget, mode=mode,
+                                        num_modes=num_modes if method == "mixture" else None)
+            clock.sync()
+            loop += time.perf_counter() - started - out.stage_seconds["prefill"]
+            rounds += out.rounds
+            emitted += sum(out.acceptance_lengths)
     finally:
         undo()
-    loop = total - out.stage_seconds["prefill"]
     parts = dict(clock.seconds)
     parts["rest"] = loop - sum(parts.values())
-    per_round = {p: 1e3 * parts.get(p, 0.0) / out.rounds for p in PARTS}
-    round_ms = 1e3 * loop / out.rounds
+    per_round = {p: 1e3 * parts.get(p, 0.0) / rounds for p in PARTS}
+    round_ms = 1e3 * loop / rounds
     return {
-        "rounds": out.rounds,
-        "tau": out.tau,
+        "rounds": rounds,
+        "tau": emitted / rounds,
         "parts": per_round,
         "round_ms": round_ms,
         "outside": 1 - per_round["target verify"] / round_ms,
@@ -117,25 +127,53 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--budget", type=int, default=64)
+    parser.add_argument("--budget", type=lambda v: v if v == "auto" else int(v), default=64, help="a tree budget or auto")
     parser.add_argument("--modes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--drafter", help="a trained drafter (shipped name or folder) instead of an untrained one")
+    parser.add_argument("--dtype", default="auto", help="with --drafter: the pair's dtype (load_pair's)")
+    parser.add_argument("--mixture-modes", type=int, action="append",
+                        help="also run the mixture over the gate's best N modes (repeatable)")
+    parser.add_argument("--problems", default="0", help="with --drafter: HumanEval problems run one after the other, e.g. 0-4")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     set_kernel_backend(args.backend)
-    target, tokenizer = load_target("smollm2", device=device)
-    drafter = tiny_drafter(target, num_modes=args.modes, num_layers=1, block_size=16).to(device)
-    ids = encode_prompt(tokenizer, PROMPT).to(device)
-    print(f"SmolLM2-135M target, untrained {args.modes}-mode drafter (1 layer), {device}, kernels: {args.backend}, "
+    with contextlib.ExitStack() as stack:
+        if args.drafter:
+            # imported here: gpu_check.py imports this file with only mfd_hub's kernels mapped
+            from mfd_hub.pair import load_pair
+            from mfd_hub.zoo.prompts import humaneval_prompts
+
+            pair = load_pair(args.drafter, "smollm2", dtype=args.dtype, device=args.device)
+            stack.enter_context(pair.packed())
+            target, drafter = pair.target, pair.draft
+            first, _, last = args.problems.partition("-")
+            problems = humaneval_prompts()[int(first):int(last or first) + 1]
+            ids = [pair.encode(text).to(device) for _, text in problems]
+            what = f"{args.drafter} ({pair.dtype}, products: {pair.linears})"
+        else:
+            target, tokenizer = load_target("smollm2", device=device)
+            drafter = tiny_drafter(target, num_modes=args.modes, num_layers=1, block_size=16).to(device)
+            ids = [encode_prompt(tokenizer, PROMPT).to(device)]
+            what = f"untrained {args.modes}-mode drafter (1 layer)"
+        report(args, drafter, target, ids, device, what)
+    set_kernel_backend(None)
+
+
+def report(args, drafter, target, ids, device, what):
+    print(f"SmolLM2-135M target, {what}, {device}, kernels: {args.backend}, "
           f"{args.threads} thread(s), {args.tokens} new tokens, ms per round")
     print(f"{'method':8} {'B':>4} {'rounds':>6} {'tau':>5} | " + " ".join(f"{p:>13}" for p in PARTS) + f" | {'round':>7} {'non-target':>10}")
-    for method in ("chain", "product", "mixture"):
-        budget = 15 if method == "chain" else args.budget
-        m = measure_rounds(drafter, target, ids, method, budget, args.tokens, device)
-        print(f"{method:8} {budget:>4} {m['rounds']:>6} {m['tau']:>5.2f} | " + " ".join(f"{m['parts'][p]:>13.3f}" for p in PARTS)
+    runs = [(method, None) for method in ("chain", "product", "mixture")]
+    runs += [("mixture", m) for m in args.mixture_modes or ()]
+    for method, num_modes in runs:
+        budget = drafter.config.block_size - 1 if method == "chain" and args.budget != "auto" else args.budget
+        m = measure_rounds(drafter, target, ids, method, budget, args.tokens, device, mode="gate" if args.drafter else 0,
+                           num_modes=num_modes)
+        name = method if num_modes is None else f"mix/{num_modes}"
+        print(f"{name:8} {budget:>4} {m['rounds']:>6} {m['tau']:>5.2f} | " + " ".join(f"{m['parts'][p]:>13.3f}" for p in PARTS)
               + f" | {m['round_ms']:>7.2f} {m['outside']:>9.1%}")
-    set_kernel_backend(None)
 
 
 if __name__ == "__main__":

@@ -122,9 +122,10 @@ def test_auto_probes_all_modes_and_drafts_fewer_where_modes_are_dear(pair, tmp_p
     out = drafter.spec_generate(target, PROMPT, max_new_tokens=60, method="mixture", tree_budget="auto")
     assert out.new_tokens == greedy_decode(target, PROMPT, 60)
     drafted = [m for m in out.modes_drafted if m > 0]
-    assert len(drafted) > 2 * BudgetChooser.PROBE_EVERY
-    probes = drafted[:: BudgetChooser.PROBE_EVERY]
-    assert probes == [K] * len(probes)  # every 8th drafted round drafts all modes ...
+    assert len(drafted) > 3 * BudgetChooser.PROBE_EVERY
+    # all modes on the probes: 8 rounds apart, then twice as far each time one mode stays the best ...
+    probes = [i for i, m in enumerate(drafted) if m == K]
+    assert probes == [i for i in (0, 8, 24, 56) if i < len(drafted)]
     assert drafted.count(1) == len(drafted) - len(probes)  # ... and the rounds between only the best one
     assert set(out.tree_modes) <= {0, 1}  # on the probes too, one mode's tree was the best buy
     assert len(out.tree_modes) == len(out.modes_drafted) == len(out.acceptance_lengths) == out.rounds
@@ -154,24 +155,56 @@ def chooser_with_draft_costs(draft):
     return BudgetChooser(RoundCosts(verify, draft), "mixture", K, mode_counts=mode_options(K))
 
 
-def test_the_chooser_probes_every_8th_round_and_exploits_the_best_running_rate_between():
+def test_the_chooser_probes_all_counts_spaces_probes_out_while_they_confirm_and_exploits_between():
     chooser = chooser_with_draft_costs({1: 0.004, 2: 0.005, 4: 0.02, 8: 0.05})
     # on the probe, more modes give a better tree; 2 modes buy the most tokens per second
     trees = {1: [-2.0] * 8, 2: [-0.2] * 8, 4: [-0.1] * 8, 8: [-0.05] * 8}
+
+    def rounds_to_next_probe(count):
+        """Exploit rounds (drafting ``count`` modes) until the next probe -> how many there were."""
+        between = 0
+        while chooser.modes_to_draft() != K:
+            assert chooser.priced == [count] and chooser.choose({count: trees[count]})[0] == count
+            between += 1
+        assert chooser.priced == [1, 2, 4, K]
+        return between
+
     assert chooser.modes_to_draft() == K and chooser.priced == [1, 2, 4, K]
     modes, budget = chooser.choose(trees)
     assert modes == 2 and budget == 8 and set(chooser.rate) == {1, 2, 4, K}
     assert chooser.rate[2] == max(chooser.rate.values())
-    for _ in range(BudgetChooser.PROBE_EVERY - 1):  # the rounds between: the best running rate only
-        assert chooser.modes_to_draft() == 2 and chooser.priced == [2]
-        assert chooser.choose({2: trees[2]})[0] == 2
-    assert chooser.modes_to_draft() == K and chooser.priced == [1, 2, 4, K]  # the next probe
-    chooser.rate[4] = 2 * chooser.rate[2]  # 4 modes have been paying best since
-    assert chooser.modes_to_draft() == 4 and chooser.priced == [4]
-    chooser.rate[2] = chooser.rate[1] = chooser.rate[4]
+    assert rounds_to_next_probe(2) == BudgetChooser.PROBE_EVERY - 1  # the first probe set the best
+    for gap in (16, 32, 32):  # each probe that confirms it doubles the gap, up to PROBE_EVERY_MAX
+        assert chooser.choose(trees)[0] == 2
+        assert rounds_to_next_probe(2) == gap - 1
+    # now 4 modes pay best and 2 have been paying as little as 4: the probe finds it, and probes
+    # come close together again
+    trees[2], trees[4] = [-3.0] * 8, [-0.001] * 8
+    chooser.rate[2] = chooser.rate[4]
+    assert chooser.choose(trees)[0] == 4
+    assert rounds_to_next_probe(4) == BudgetChooser.PROBE_EVERY - 1
+    chooser.choose(trees)
+    chooser.rate[2] = chooser.rate[1] = chooser.rate[4] = max(chooser.rate.values())
     assert chooser.modes_to_draft() == 1  # equal rates: the fewest modes
     del chooser.rate[K]  # an option without a rate is priced again at once, between probes
     assert chooser.modes_to_draft() == K and chooser.priced == [1, 2, 4, K]
+
+
+def test_the_tree_is_built_at_twice_the_largest_recent_budget():
+    verify = {n: 0.01 + 0.002 * n for n in budget_mfd.MEASURED_NODES}  # each node costs
+    chooser = BudgetChooser(RoundCosts(verify, {1: 0.004, 2: 0.005, 4: 0.02, 8: 0.05}), "mixture", K,
+                            mode_counts=mode_options(K))
+    assert chooser.max_budget == 64  # nothing chosen yet: the whole range
+    chooser.modes_to_draft()
+    assert chooser.choose({m: [-0.01, -0.02, -9.0, -9.0] for m in (1, 2, 4, K)})[1] == 2
+    assert chooser.max_budget == 4
+    chooser.modes_to_draft()
+    assert chooser.choose({2: [-0.01] * 4})[1] == 4  # the bound won: the next round may take 8
+    assert chooser.max_budget == 8
+    chain = BudgetChooser(RoundCosts({1: 0.01, 2: 0.01}, {1: 0.001}), "chain", 0, max_budget=7)
+    chain.budgets = list(range(1, 8))  # as AutoBudget sets them: every length up to the block
+    chain.choose({1: [-0.01]})
+    assert chain.max_budget == 7  # a chain's length costs no candidates: never bounded
 
 
 def test_a_chooser_with_one_mode_count_never_probes():

@@ -3,8 +3,10 @@
 A round's worth is (expected tokens it emits) / (seconds it costs). Both halves are estimated:
 
 - Cost, measured once per machine (Sequoia's idea): the target's verify time against the number
-  of tree nodes and the drafter's time per mode count (1, 2, 4 and K), on this target, device, dtype and thread
-  count, at the prompt's context length. The measurement runs on a verifier of its own (the
+  of tree nodes, and the drafting side's time per mode count (1, 2, 4 and K): the drafter's pass,
+  each position's candidates and the tree over those modes, all of which grow with the modes (on
+  2 cores the mixture's candidates and tree cost twice the product's), on this target, device,
+  dtype and thread count, at the prompt's context length. The measurement runs on a verifier of its own (the
   generation's cache is never touched) and is cached as JSON in the user's mfd-hub cache
   (``$MFD_HUB_CACHE``, else ``$XDG_CACHE_HOME/mfd-hub``, else ``~/.cache/mfd-hub``), so it is
   paid once.
@@ -18,12 +20,13 @@ A round's worth is (expected tokens it emits) / (seconds it costs). Both halves 
   ones learned.
 
 The budgets are nested (the best B prefixes of the best B' > B), so one tree built at the largest
-candidate budget prices every smaller one. Each round takes the budget with the highest
-expected tokens per second. For the mixture it also takes how many of the gate's best modes to
-draft (1, 2, 4 or K): every PROBE_EVERY-th round drafts all K in the gate's order and prices the
-trees over the best 1, 2, 4 and K of them (the best m modes' tree needs only the first m rows),
-verifying the best one; the rounds in between draft only the mode count with the best running
-rate, so a round pays for drafting no more modes than have been paying. Whether speculating
+budget worth pricing (twice the largest chosen lately) prices every smaller one. Each round takes
+the budget with the highest expected tokens per second. For the mixture it also takes how many of
+the gate's best modes to draft (1, 2, 4 or K): a probe round drafts all K in the gate's order and
+prices the trees over the best 1, 2, 4 and K of them (the best m modes' tree needs only the first
+m rows), verifying the best one; the rounds in between draft only the mode count with the best
+running rate, so a round pays for drafting no more modes than have been paying. Probes come every
+8 drafted rounds, spaced out to 32 while they keep confirming the same count. Whether speculating
 beats a plain target step is tracked too; when it loses, a few rounds are plain steps and
 speculation is probed again afterwards.
 
@@ -36,6 +39,7 @@ target as usual, so output stays the target's own (lossless).
 This file is part of the remote-code bundle: torch only.
 """
 
+import collections
 import hashlib
 import json
 import math
@@ -45,15 +49,19 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.tree_build import draft_candidates, draft_tree
 from ..kernels.tree_format import SCORE_SCALE
 
 # Tree budgets the chooser prices (nodes below the root); the largest one fixes the tree it builds.
 CANDIDATE_BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 # Node counts (root included) at which verify time is measured; others are interpolated.
 MEASURED_NODES = (1, 2, 3, 5, 9, 17, 33, 65)
-# 3: drafting measured at 1, 2, 4 and K modes (2 had 1 and K only; 1 was measured sequentially,
-# easily skewed by load)
-COSTS_FORMAT = 3
+# 4: the drafting side per mode count takes in the candidates and the tree (3 timed the drafter's
+# pass only, which underprices wide mixtures); 3: drafting at 1, 2, 4 and K modes (2 had 1 and K)
+COSTS_FORMAT = 4
+# the budget at which the drafting side's candidates and tree are timed: the budgets rounds take
+# most on CPU lie between 8 and 16, and the tree's cost grows slowly with the budget
+PRICED_BUDGET = 16
 ENV_CACHE = "MFD_HUB_CACHE"
 
 
@@ -74,7 +82,8 @@ def mode_options(num_modes):
 # -- cost ----------------------------------------------------------------------------------------
 class RoundCosts:
     """Measured seconds: ``verify[n]`` for a target pass over n nodes (root included) and
-    ``draft[m]`` for a drafter pass over m modes (the target's LM head included)."""
+    ``draft[m]`` for the drafting side of a round over m modes: the drafter's pass (the LM head
+    included), each position's candidates and the tree."""
 
     def __init__(self, verify, draft, key=None):
         # a pass over more nodes never costs less: noise in a measurement is not allowed to say so
@@ -161,12 +170,12 @@ def machine_key(draft, target):
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20], parts
 
 
-def round_robin_seconds(fns, repeats, device):
+def round_robin_seconds(fns, repeats, device, warmup=3):
     """Median seconds of each of ``fns``, measured round-robin: one call of each per round, after
-    two warm-up rounds, so that load drifting while they are measured hits all of them alike
+    ``warmup`` rounds, so that load drifting while they are measured hits all of them alike
     (their ratios, which decide the budget, stay right on a busy machine)."""
     samples = [[] for _ in fns]
-    for round_ in range(repeats + 2):
+    for round_ in range(repeats + warmup):
         for fn, mine in zip(fns, samples):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -174,7 +183,7 @@ def round_robin_seconds(fns, repeats, device):
             fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if round_ >= 2:
+            if round_ >= warmup:
                 mine.append(time.perf_counter() - began)
     return [sorted(mine)[len(mine) // 2] for mine in samples]
 
@@ -191,10 +200,13 @@ def probe_tree(nodes, depth_limit, device):
 
 
 @torch.inference_mode()
-def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeats=5):
-    """Time verify over MEASURED_NODES and the drafter over ``mode_options`` -> RoundCosts.
+def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeats=7):
+    """Time verify over MEASURED_NODES and the drafting side over ``mode_options`` -> RoundCosts.
 
-    Runs on a verifier and a drafter context of its own, at ``input_ids``' context length."""
+    Runs on a verifier and a drafter context of its own, at ``input_ids``' context length. The
+    first passes of a process over new shapes pay for setting them up (oneDNN's primitives: on 2
+    cores a first measurement read 1 node's verify at 39 ms, the next ones 30), hence three
+    warm-up rounds and the median of seven."""
     from .context_mfd import DraftContextCache
 
     device = target.device
@@ -225,9 +237,14 @@ def measure_costs(draft, target, input_ids, make_verifier, ancestor_mask, repeat
     k = draft.config.num_modes
     # the first m modes, as a device tensor: the way a round asks for the gate's best m
     mode_sets = {m: torch.arange(m, device=device) if k else None for m in mode_options(k)}
+
+    def drafting_side(modes):
+        logits = draft(embeds, position, cache=cache, modes=modes, lm_head=lm_head).logits[0, 0, :, : block - 1]
+        scores, ids = draft_candidates(logits, PRICED_BUDGET)
+        draft_tree(scores, ids, PRICED_BUDGET, anchor, logits.shape[-1])
+
     fns = [verify_pass(n) for n in MEASURED_NODES]
-    fns += [lambda modes=modes: draft(embeds, position, cache=cache, modes=modes, lm_head=lm_head)
-            for modes in mode_sets.values()]
+    fns += [lambda modes=modes: drafting_side(modes) for modes in mode_sets.values()]
     seconds = round_robin_seconds(fns, repeats, device)
     verify = dict(zip(MEASURED_NODES, seconds))
     draft_s = dict(zip(mode_sets, seconds[len(MEASURED_NODES):]))
@@ -313,8 +330,10 @@ class BudgetChooser:
     ``mode_counts``: the mode counts a round may draft (for the mixture ``mode_options(K)``,
     else one). Options are keyed by mode count; the rates are running expected tokens/s."""
 
-    PROBE_EVERY = 8  # drafted rounds per probe of the mode counts; rounds speculation sits out when losing
+    PROBE_EVERY = 8  # drafted rounds to the next probe after one that changed the best count
+    PROBE_EVERY_MAX = 32  # ... doubling after each probe that confirms it, up to this
     SMOOTHING = 0.3  # weight of the newest round in the running rates
+    RECENT = 16  # rounds whose chosen budgets bound the next tree's (``max_budget``)
 
     def __init__(self, costs, method, num_modes, max_budget=None, table=None, mode_counts=(1,)):
         self.costs, self.method, self.num_modes = costs, method, num_modes
@@ -327,10 +346,20 @@ class BudgetChooser:
         self.plain_rate = 1.0 / costs.verify(1)
         self.drafted_rounds = 0
         self.priced = [self.mode_counts[0]]  # the mode counts the current round prices
+        self.probe_interval, self.next_probe, self.incumbent = self.PROBE_EVERY, 0, None
+        self.recent_budgets = collections.deque(maxlen=self.RECENT)
+        self.expanding = method != "chain"  # a chain's length costs no candidates: always priced in full
 
     @property
     def max_budget(self):
-        return self.budgets[-1]
+        """The budget this round's candidates and tree are built at, which prices every smaller
+        one: twice the largest budget chosen in the last RECENT rounds (the whole range before
+        any), so that a round does not pay for selecting and building 64 nodes where 8 win; a
+        round choosing the bound doubles it for the next."""
+        if not self.expanding or not self.recent_budgets:
+            return self.budgets[-1]
+        wanted = 2 * max(self.recent_budgets)
+        return next((b for b in self.budgets if b >= wanted), self.budgets[-1])
 
     def _sits_out(self, option):
         left = self.benched.get(option, 0)
@@ -343,17 +372,24 @@ class BudgetChooser:
         """False: this round is a plain target step (speculation has been losing)."""
         return not self._sits_out("speculate")
 
+    def _best_count(self):
+        return max(self.mode_counts, key=lambda m: (self.rate[m], -m))
+
     def modes_to_draft(self):
-        """How many of the gate's best modes this round drafts. A probe (every PROBE_EVERY-th
-        drafted round, and any round while some option has no rate yet) drafts the most and
-        prices every mode count on it; the rounds between draft the count with the best
-        running rate (ties: fewer modes) and price only it."""
-        probe = self.drafted_rounds % self.PROBE_EVERY == 0 or any(m not in self.rate for m in self.mode_counts)
+        """How many of the gate's best modes this round drafts. A probe drafts the most and
+        prices every mode count on it; the rounds between draft the count with the best running
+        rate (ties: fewer modes) and price only it. Probes come PROBE_EVERY drafted rounds apart,
+        twice as far after each probe that leaves the best count as it was (up to
+        PROBE_EVERY_MAX: a probe drafts all K modes, the dearest round there is), and at once
+        while some count has no rate yet."""
+        unrated = any(m not in self.rate for m in self.mode_counts)
+        probe = len(self.mode_counts) > 1 and (self.drafted_rounds >= self.next_probe or unrated)
         self.drafted_rounds += 1
-        if probe or len(self.mode_counts) == 1:
+        if len(self.mode_counts) == 1 or probe:
             self.priced = list(self.mode_counts)
+            self.incumbent = None if unrated else self._best_count()
             return self.mode_counts[-1]
-        best = max(self.mode_counts, key=lambda m: (self.rate[m], -m))
+        best = self._best_count()
         self.priced = [best]
         return best
 
@@ -384,6 +420,11 @@ class BudgetChooser:
             self.record(modes, rate)
             if chosen is None or rate > chosen[2] * (1 + 1e-9):
                 chosen = (modes, budget, rate)
+        if len(priced) > 1 and all(m in self.rate for m in self.mode_counts):  # a probe: when is the next
+            confirmed = self.incumbent is not None and self._best_count() == self.incumbent
+            self.probe_interval = min(2 * self.probe_interval, self.PROBE_EVERY_MAX) if confirmed else self.PROBE_EVERY
+            self.next_probe = self.drafted_rounds - 1 + self.probe_interval
+        self.recent_budgets.append(chosen[1])
         self.settle()
         return chosen[0], chosen[1]
 
