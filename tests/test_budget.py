@@ -125,6 +125,26 @@ def test_the_calibration_carries_over_to_the_next_generation_of_the_same_drafter
         assert other is not table and sum(other.seen) == sum(AcceptanceTable().seen)
 
 
+def test_each_mode_count_of_the_mixture_learns_its_own_table(pair, cache):
+    """A verified tree over m modes teaches only the table of m: a mixture node's score is the best
+    of m claims, inflated the more modes compete, so the counts must not share what they learn."""
+    target, drafter = pair
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    k = drafter.config.num_modes
+    # one mode costs nearly nothing and K a verify pass: both get verified in 60 tokens
+    _write_costs(drafter, target, cache, {n: 0.01 + 0.0001 * n for n in budget_mfd.MEASURED_NODES},
+                 {1: 0.0001, 2: 0.004, k: 0.01})
+    out = drafter.spec_generate(target, ids, max_new_tokens=60, method="mixture", tree_budget="auto")
+    assert out.new_tokens == greedy_decode(target, ids, 60)
+    verified = {m: sum(1 for t in out.tree_modes if t == m) for m in budget_mfd.mode_options(k)}
+    prior = sum(AcceptanceTable().seen)
+    for m, rounds in verified.items():
+        table = budget_mfd.calibration(drafter, out.round_costs_key, "mixture", (0.0, 0, 1.0), m)
+        learned = sum(table.seen) - prior
+        assert (learned > 0) == (rounds > 0), (m, rounds, learned)
+    assert sum(1 for rounds in verified.values() if rounds) >= 2  # the test saw two counts verified
+
+
 def test_auto_refuses_other_words(pair):
     target, drafter = pair
     with pytest.raises(ValueError, match="auto"):

@@ -312,16 +312,18 @@ class AcceptanceTable:
             self.accepted[i] += 1.0 if hit else 0.0
 
 
-def calibration(draft, costs_key, method, sampling):
+def calibration(draft, costs_key, method, sampling, modes=1):
     """The acceptance table that ``draft``'s generations with ``method`` and ``sampling`` (a tuple:
-    temperature, top-k, top-p) on the machine of ``costs_key`` learn and reuse, kept on the
-    drafter object for the process's life. How often the target accepts what the drafter claims
-    is a property of the drafter, the target and the sampling, not of one prompt: a table that
-    starts afresh at every prompt spends the first rounds of each on the drafter's own claims
-    (HumanEval, bf16 on 2 cores: the mixture at budget ``auto`` took 47 tok/s with a table per
-    prompt, 55 with one carried over, against 53 at a fixed 16)."""
+    temperature, top-k, top-p) on the machine of ``costs_key`` learn and reuse for trees over
+    ``modes`` modes, kept on the drafter object for the process's life. How often the target
+    accepts what the drafter claims is a property of the drafter, the target and the sampling, not
+    of one prompt: a table that starts afresh at every prompt spends the first rounds of each on
+    the drafter's own claims (HumanEval, bf16 on 2 cores: the mixture at budget ``auto`` took 47
+    tok/s with a table per prompt, 55 with one carried over, against 53 at a fixed 16). Nor is it
+    the same for every mode count: a mixture node's score is the best of m modes' claims, which
+    overstates it more the more modes compete, so each count learns its own table."""
     tables = draft.__dict__.setdefault("_auto_calibration", {})  # not a parameter or buffer
-    return tables.setdefault((costs_key, method, tuple(sampling)), AcceptanceTable())
+    return tables.setdefault((costs_key, method, tuple(sampling), modes), AcceptanceTable())
 
 
 class BudgetChooser:
@@ -335,12 +337,13 @@ class BudgetChooser:
     SMOOTHING = 0.3  # weight of the newest round in the running rates
     RECENT = 16  # rounds whose chosen budgets bound the next tree's (``max_budget``)
 
-    def __init__(self, costs, method, num_modes, max_budget=None, table=None, mode_counts=(1,)):
+    def __init__(self, costs, method, num_modes, max_budget=None, tables=None, mode_counts=(1,)):
+        """``tables``: {mode count: its AcceptanceTable} (fresh ones where None)."""
         self.costs, self.method, self.num_modes = costs, method, num_modes
         top = max(CANDIDATE_BUDGETS) if max_budget is None else max_budget
         self.budgets = [b for b in CANDIDATE_BUDGETS if b <= top] or [1]
-        self.table = AcceptanceTable() if table is None else table
         self.mode_counts = sorted(mode_counts)
+        self.tables = tables or {m: AcceptanceTable() for m in self.mode_counts}
         self.rate = {}  # mode count -> running expected tokens per second
         self.benched = {}  # option -> rounds left out
         self.plain_rate = 1.0 / costs.verify(1)
@@ -397,7 +400,7 @@ class BudgetChooser:
         """The budget with the highest expected tokens/s for a tree whose node log-probabilities,
         best first, are ``logprobs``, drafted with ``modes`` modes -> (budget, expected tokens
         per round, tokens per second)."""
-        expected = self.table.expected_accepted(logprobs)
+        expected = self.tables[modes].expected_accepted(logprobs)
         draft_s = self.costs.draft(modes)
         best = None
         for budget in self.budgets:
@@ -439,8 +442,9 @@ class BudgetChooser:
         if spec is not None and spec < self.plain_rate and self.benched.get("speculate", 0) == 0:
             self.benched["speculate"] = self.PROBE_EVERY
 
-    def observe(self, logprobs, accepted_flags):
-        self.table.observe(logprobs, accepted_flags)
+    def observe(self, logprobs, accepted_flags, modes):
+        """A verified tree over ``modes`` modes: its nodes' log-probabilities and which were accepted."""
+        self.tables[modes].observe(logprobs, accepted_flags)
 
 
 # -- planners: what spec_generate asks before and after each round ---------------------------------
@@ -490,7 +494,9 @@ class AutoBudget:
             counts = (num_modes,) if num_modes is not None else mode_options(k)
         self.drafts_by_gate = method == "mixture" and k > 0  # else the mode count means nothing
         self.chooser = BudgetChooser(costs, method, k, max_budget=block - 1 if method == "chain" else None,
-                                     table=calibration(draft, costs.key, method, sampling), mode_counts=counts)
+                                     tables={m: calibration(draft, costs.key, method, sampling, m) for m in counts},
+                                     mode_counts=counts)
+        self.verified_modes = counts[0]  # the mode count of the tree the current round verifies
         if method == "chain":  # every length up to the block, not only the powers of two
             self.chooser.budgets = list(range(1, block))
 
@@ -519,13 +525,14 @@ class AutoBudget:
         this round prices (a probe: the best 1, 2, 4 and K of the drafted modes; else the one
         count drafted), each built by ``tree_over`` at the largest budget."""
         counts = [m for m in self.chooser.priced if m <= drafted] or [drafted]
-        return self.chooser.choose({m: _logprobs(tree_over(m), best_first=True) for m in counts})
+        self.verified_modes, budget = self.chooser.choose({m: _logprobs(tree_over(m), best_first=True) for m in counts})
+        return self.verified_modes, budget
 
     def observe(self, tree, path, accepted):
         """Calibrate: which of the tree's nodes did the target accept."""
         if tree.num_nodes > 0:
             kept = set(path[1:accepted].tolist())
-            self.chooser.observe(_logprobs(tree), [i in kept for i in range(1, tree.num_nodes + 1)])
+            self.chooser.observe(_logprobs(tree), [i in kept for i in range(1, tree.num_nodes + 1)], self.verified_modes)
 
 
 def _logprobs(tree, best_first=False):
