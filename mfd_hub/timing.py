@@ -6,5 +6,5 @@ from .remote.budget_mfd import round_robin_seconds
 
 def round_robin_ms(fns, repeats, device):
     """Median wall time in ms of each of ``fns``, measured round-robin (one call of each per
-    round, after two warm-up rounds) so that drifting machine load hits every one alike."""
+    round, after three warm-up rounds) so that drifting machine load hits every one alike."""
     return [1000 * s for s in round_robin_seconds(fns, repeats, device)]

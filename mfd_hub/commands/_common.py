@@ -36,8 +36,8 @@ class BudgetType(click.ParamType):
 def budget_option(default="auto"):
     return click.option(
         "--budget", type=BudgetType(), default=default, show_default=True,
-        help="Tree nodes per round, or 'auto': each round picks the budget (and, for the mixture, whether "
-             "to draft all modes) with the most expected tokens per second on this machine.")
+        help="Tree nodes per round, or 'auto': each round picks the budget (and, for the mixture, how many "
+             "of the gate's best modes to draft: 1, 2, 4 or all) with the most expected tokens per second on this machine.")
 
 
 MEASURED_DTYPE_HELP = ("Dtype of target and drafter for speculation; auto: on a CPU without native bf16, float32 "
