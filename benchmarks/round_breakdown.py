@@ -122,6 +122,14 @@ def measure_rounds(drafter, target, ids, method, budget, tokens, device, mode=0,
     }
 
 
+def problem_range(text):
+    """'N' or 'N-M' -> (first, last) problem indices (a clear usage error otherwise)."""
+    first, _, last = text.partition("-")
+    if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):
+        raise argparse.ArgumentTypeError(f"expected N or N-M with N <= M, got {text!r}")
+    return int(first), int(last or first)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -134,7 +142,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="auto", help="with --drafter: the pair's dtype (load_pair's)")
     parser.add_argument("--mixture-modes", type=int, action="append",
                         help="also run the mixture over the gate's best N modes (repeatable)")
-    parser.add_argument("--problems", default="0", help="with --drafter: HumanEval problems run one after the other, e.g. 0-4")
+    parser.add_argument("--problems", type=problem_range, default="0", help="with --drafter: HumanEval problems run one after the other, e.g. 0-4")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -148,8 +156,8 @@ def main(argv=None):
             pair = load_pair(args.drafter, "smollm2", dtype=args.dtype, device=args.device)
             stack.enter_context(pair.packed())
             target, drafter = pair.target, pair.draft
-            first, _, last = args.problems.partition("-")
-            problems = humaneval_prompts()[int(first):int(last or first) + 1]
+            first, last = args.problems
+            problems = humaneval_prompts()[first : last + 1]
             ids = [pair.encode(text).to(device) for _, text in problems]
             what = f"{args.drafter} ({pair.dtype}, products: {pair.linears})"
         else:
