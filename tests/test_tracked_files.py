@@ -12,14 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 1_000_000
 SHIPPED_WEIGHTS = "zoo/*/model.safetensors"
-# Tracked from before the rule, each leaving git in a change of its own; the list may only shrink
-# (the second assertion below fails for an entry that has already left).
-STILL_TRACKED = {
-    "data/smollm2/retrain/full/smollm2-dflash/final/model.safetensors",
-    "data/smollm2/retrain/long/smollm2-dflash/final/model.safetensors",
-    "data/smollm2/retrain/long/smollm2-dpace/final/model.safetensors",
-    "data/smollm2/retrain/long/smollm2-mfd/final/model.safetensors",
-}
 
 
 def oversized_tracked_files(repo):
@@ -36,9 +28,8 @@ def oversized_tracked_files(repo):
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git checkout")
 def test_no_tracked_file_over_1mb_outside_the_shipped_drafters():
-    found = set(oversized_tracked_files(REPO))
-    assert found <= STILL_TRACKED, f"tracked files over 1 MB: {sorted(found - STILL_TRACKED)}"
-    assert STILL_TRACKED <= found, f"no longer tracked or no longer large, drop from STILL_TRACKED: {sorted(STILL_TRACKED - found)}"
+    found = oversized_tracked_files(REPO)
+    assert not found, f"tracked files over 1 MB (rebuild weights from their recipe instead): {found}"
 
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git checkout")
