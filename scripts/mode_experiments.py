@@ -16,12 +16,12 @@ finished prompts, and each stage's wall and CPU time goes to data/smollm2/modes/
    shipped D-PACE drafter on the held-out answers, with the covered mass; `parity-analyses` and
    `parity-bench`: the same pair on the first PARITY_PROMPTS held-out prompts, offline and in the
    bench (fp32, T = 0), to show that the offline ratios reproduce the bench's.
-2. `dpace-control`, then one `mfd-VARIANT` per variant: fine-tunes of the shipped base
-   (DFlash-SmolLM2-135M) with `long`'s data, steps, block and anchors (retrain_miniature.py's
-   CANDIDATE run) and the shared tap-feature store outside git (runs/features/smollm2); each variant
-   changes one knob of the MFD recipe (VARIANTS).
-3. `analyses-VARIANT`: each variant read first on the offline ratio of its mixture (i) to the
-   control's product tree (iv), on the first ANALYSED_PROMPTS held-out answers.
+2. `dpace-control`, then `mfd-VARIANT` and `analyses-VARIANT` per variant: fine-tunes of the
+   shipped base (DFlash-SmolLM2-135M) with `long`'s block, anchors and recipe on the first
+   FINETUNE_ANSWERS answers for FINETUNE_STEPS steps (one pass), reading the shared tap-feature
+   store outside git (runs/features/smollm2). `baseline` is the MFD recipe unchanged; every other
+   variant changes one knob of it (VARIANTS). Each is read at once on the offline ratio of its
+   mixture (i) to the control's product tree (iv), on the first ANALYSED_PROMPTS held-out answers.
 4. `bench20-best`: the variant with the best mean ratio against the control on the first 20
    HumanEval problems (T = 0, fp32), as the retraining's 20-problem benches.
 
@@ -44,10 +44,18 @@ LEDGER = ROOT / "ledger.jsonl"
 SHIPPED_MFD, SHIPPED_DPACE = "MFD-SmolLM2-135M", "DPACE-SmolLM2-135M"
 BUDGETS = "16,32,64"
 MASS_EVERY = 8  # the shipped pair's covered mass at every 8th anchor (a target pass over the trees' union each)
-ANALYSED_PROMPTS = 50
-PARITY_PROMPTS = 20  # held-out answers per variant's analysis (the shipped pair's uses all of them)
-# variant -> the overrides of the MFD fine-tune that make it (one knob each)
+ANALYSED_PROMPTS = 50  # held-out answers per variant's analysis (the shipped pair's uses all of them)
+PARITY_PROMPTS = 20
+# The controlled fine-tunes' scale. The tap-feature store costs about 0.7 CPU-seconds and 1.6 MB an
+# answer: for 3,600 answers 0.7 CPU-h and 6 GB, so the store, the control and every variant fit one
+# stretch of a few hours on 2 cores (all 12,000 would cost 2.3 CPU-h before the first step). 225
+# steps of 16 sequences is one pass over them, so no variant sees an answer twice.
+FINETUNE_ANSWERS, FINETUNE_STEPS = 3600, retrain.FINETUNE_STEPS
+# variant -> the overrides of the MFD fine-tune that make it (one knob each), in the order they run:
+# the recipe as it is first, then the scale of the mode embeddings (the analyses' lead), block 16 last
+# (twice the positions per step)
 VARIANTS = {
+    "baseline": [],
     "token-init": ["drafter.mode_init=token_scale"],
     "mode-lr10": ["train.mode_lr_scale=10"],
     "hard-wta": ["loss.winner_weight=1.0"],
@@ -59,11 +67,11 @@ BEST_UNKNOWN = "<best variant: known once every analysis is done>"
 
 
 def finetune_overrides(answers):
-    """`long`'s fine-tune settings (retrain_miniature.py): its data, steps, block and anchors, from
-    the shipped base, with the shared feature store."""
+    """`long`'s fine-tune settings (retrain_miniature.py): its data, block and anchors, from the
+    shipped base, with the shared feature store, on ``answers`` answers for FINETUNE_STEPS steps."""
     return [f"data.train={retrain.DATA}", f"data.limit={answers}", f"data.features_dir={retrain.FEATURES}",
             "train.precision=auto", f"drafter.block_size={retrain.BLOCK}", f"output.save_every={retrain.SAVE_EVERY}",
-            f"train.epochs={retrain.epochs(answers, retrain.FINETUNE_STEPS, 1)}",
+            f"train.epochs={retrain.epochs(answers, FINETUNE_STEPS, 1)}",
             f"train.anchors_per_sequence={retrain.FINETUNE_ANCHORS}", f"drafter.base={retrain.SHIPPED_BASE}"]
 
 
@@ -92,7 +100,7 @@ def best_variant():
 
 
 def stages(answers):
-    """[(name, argv, done marker)] in the order they run; ``answers``: the frozen answer count."""
+    """[(name, argv, done marker)] in the order they run; ``answers``: the fine-tunes' answer count."""
     plan = [analyses_stage("shipped-analyses", SHIPPED_MFD, SHIPPED_DPACE, ROOT / "shipped-analyses",
                            ["--mass", "--mass-every", str(MASS_EVERY)])]
     parity = ROOT / "parity"
@@ -106,11 +114,10 @@ def stages(answers):
     control = ROOT / "dpace-control"
     plan.append(("dpace-control", ["mfd-hub", "train", "smollm2-dpace", *common, f"output.dir={control}"],
                  control / "final" / "model.safetensors"))
-    for variant, knobs in VARIANTS.items():
+    for variant, knobs in VARIANTS.items():  # each read as soon as it is trained
         out = ROOT / variant
         plan.append((f"mfd-{variant}", ["mfd-hub", "train", "smollm2-mfd", *common, *knobs, f"output.dir={out}"],
                      out / "final" / "model.safetensors"))
-    for variant in VARIANTS:
         plan.append(analyses_stage(f"analyses-{variant}", ROOT / variant / "final", control / "final",
                                    ROOT / variant / "analyses", ["--limit", str(ANALYSED_PROMPTS)]))
     best = best_variant()
@@ -132,7 +139,7 @@ def main(argv):
     parser.add_argument("--only", default="", help="run only the stages whose name starts with this")
     args = parser.parse_args(argv)
     frozen = retrain.frozen_answers()
-    answers = frozen or retrain.MIN_ANSWERS
+    answers = min(frozen or retrain.MIN_ANSWERS, FINETUNE_ANSWERS)
 
     def plan():
         return [stage for stage in stages(answers) if stage[0].startswith(args.only)]
@@ -142,7 +149,7 @@ def main(argv):
         return 0
     if args.action == "status":
         spent = retrain.cpu_seconds_by_stage(ledger())
-        print(f"training data: {f'the first {frozen} answers' if frozen else 'not frozen yet'} of {retrain.DATA}")
+        print(f"training data: {f'the first {answers} answers' if frozen else 'not frozen yet'} of {retrain.DATA}")
         for name, _, marker in plan():
             state = "done" if marker.exists() else "to do"
             line = f"  {name:<24} {state:<6} {spent.get(name, 0.0) / 3600:6.2f} CPU-h"
