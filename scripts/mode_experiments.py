@@ -90,6 +90,40 @@ def ratio_of(analyses_json):
     return {b: cell["tau_offline"] for b, cell in result["against_dpace"]["mixture"].items()}
 
 
+def analysis_row(name, analyses_json, cpu_hours):
+    """One markdown row of a finished analysis: (i), (ii) and (iii) against (iv), (i) against (iii)
+    (what the coupling across positions is worth), at each budget; the gate's top-1 and the modes'
+    norms against the mask token's; the CPU hours its fine-tune took (None: not one of the plan's)."""
+    result = json.loads(Path(analyses_json).read_text(encoding="utf-8"))
+    against, cons = result["against_dpace"], result["constructions"]
+
+    def ratios(values):
+        return " / ".join(f"{v:.3f}" for v in values)
+
+    budgets = sorted(against["mixture"], key=int)
+    coupling = [cons["mixture"][b]["tau_offline"] / cons["shuffled"][b]["tau_offline"] for b in budgets]
+    norms = result["modes"]["norms"]
+    return (f"| `{name}` | {result['prompts']} | " + " | ".join(
+        ratios(against[c][b]["tau_offline"] for b in budgets) for c in ("mixture", "mean_marginals", "shuffled"))
+        + f" | {ratios(coupling)} | {100 * result['gate']['top1_accuracy']:.1f}% | "
+        f"{min(norms):.2f}-{max(norms):.2f} / {result['modes']['mask_token_norm']:.2f} | "
+        f"{'-' if cpu_hours is None else f'{cpu_hours:.2f}'} |")
+
+
+def analyses_table(spent):
+    """The finished analyses (the shipped pair's, then each variant's) as a markdown table."""
+    rows = ["| drafter | prompts | (i)/(iv) | (ii)/(iv) | (iii)/(iv) | (i)/(iii) | gate top-1 | mode norms / mask token's"
+            " | fine-tune CPU-h |", "|---|---|---|---|---|---|---|---|---|"]
+    shipped = ROOT / "shipped-analyses" / "analyses.json"
+    if shipped.exists():
+        rows.append(analysis_row("shipped", shipped, None))
+    for variant in VARIANTS:
+        found = ROOT / variant / "analyses" / "analyses.json"
+        if found.exists():
+            rows.append(analysis_row(variant, found, spent.get(f"mfd-{variant}", 0.0) / 3600))
+    return "\n".join(rows)
+
+
 def best_variant():
     """The variant whose mixture beats the control by most (mean offline ratio over the budgets),
     once every variant's analysis is done; else None."""
@@ -135,7 +169,7 @@ def ledger():
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["status", "run", "commands"])
+    parser.add_argument("action", choices=["status", "run", "commands", "table"])
     parser.add_argument("--only", default="", help="run only the stages whose name starts with this")
     args = parser.parse_args(argv)
     frozen = retrain.frozen_answers()
@@ -146,6 +180,9 @@ def main(argv):
 
     if args.action == "commands":
         retrain.print_commands(plan())
+        return 0
+    if args.action == "table":
+        print(analyses_table(retrain.cpu_seconds_by_stage(ledger())))
         return 0
     if args.action == "status":
         spent = retrain.cpu_seconds_by_stage(ledger())

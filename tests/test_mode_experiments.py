@@ -2,6 +2,7 @@
 train stage is a valid recipe that changes only its own knob against a D-PACE control trained the
 same way as `long`'s fine-tunes, the other stages parse as commands, and status / commands run."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,19 @@ def test_status_and_commands_run():
                                 text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert "shipped-analyses" in result.stdout and "mfd-block16" in result.stdout and shows in result.stdout
+
+
+def test_the_table_row_is_read_from_the_analysis(monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan_module = load_script("scripts/mode_experiments.py")
+    path = plan_module.ROOT / "parity" / "analyses" / "analyses.json"
+    result = json.loads(path.read_text())
+    cells = [c.strip() for c in plan_module.analysis_row("parity", path, 0.25).split("|")[1:-1]]
+    assert cells[:2] == ["`parity`", str(result["prompts"])] and cells[-1] == "0.25"
+    mixture, dpace = result["constructions"]["mixture"], result["against_dpace"]
+    assert cells[2] == " / ".join(f"{dpace['mixture'][b]['tau_offline']:.3f}" for b in ("16", "32", "64"))
+    coupling = mixture["32"]["tau_offline"] / result["constructions"]["shuffled"]["32"]["tau_offline"]
+    assert cells[5].split(" / ")[1] == f"{coupling:.3f}"
+    table = subprocess.run([sys.executable, "scripts/mode_experiments.py", "table"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert table.returncode == 0 and "| `shipped` | 200 |" in table.stdout, table.stderr
