@@ -567,6 +567,29 @@ def report(total, budgets, names, geometry, settings):
     }
 
 
+def ratio_interval(progress_path, construction, against="dpace", budget=16, resamples=2000, seed=0, level=0.95):
+    """A paired bootstrap over prompts of the offline tau ratio of ``construction`` to ``against``
+    (accepted nodes summed over the resampled prompts' anchors), from a finished run's journal
+    -> (low, high) at ``level``. Prompts, not anchors, are resampled: the anchors of one answer are
+    not independent."""
+    import random
+
+    lines = Path(progress_path).read_text(encoding="utf-8").splitlines()[1:]
+    accepted = AnalysesJournal.CELL.index("accepted")
+    pairs = [(cells[f"{construction}@{budget}"][accepted], cells[f"{against}@{budget}"][accepted])
+             for cells in (json.loads(line)["sums"]["cells"] for line in lines if line)]
+    if not pairs:
+        raise MfdHubError(f"{progress_path}: no finished prompt")
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        drawn = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(sum(a for a, _ in drawn) / max(1, sum(b for _, b in drawn)))
+    ratios.sort()
+    tail = (1 - level) / 2
+    return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
+
+
 # -- the journal and the command's work ------------------------------------------------------------
 class AnalysesJournal:
     """``<out>/progress.jsonl``: the settings, then one line of sums per finished prompt, appended

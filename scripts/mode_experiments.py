@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import retrain_miniature as retrain  # noqa: E402  (the same data, steps, stage runner and ledger format)
+from mfd_hub.recipes.mode_analyses import PROGRESS_NAME, ratio_interval  # noqa: E402
 
 ROOT = Path("data/smollm2/modes")
 LEDGER = ROOT / "ledger.jsonl"
@@ -91,7 +92,8 @@ def ratio_of(analyses_json):
 
 
 def analysis_row(name, analyses_json, cpu_hours):
-    """One markdown row of a finished analysis: (i), (ii) and (iii) against (iv), (i) against (iii)
+    """One markdown row of a finished analysis: (i), (ii) and (iii) against (iv) (with the 95%
+    interval of (i)/(iv) over the prompts where their journal is there), (i) against (iii)
     (what the coupling across positions is worth), at each budget; the gate's top-1 and the modes'
     norms against the mask token's; the CPU hours its fine-tune took (None: not one of the plan's)."""
     result = json.loads(Path(analyses_json).read_text(encoding="utf-8"))
@@ -101,10 +103,16 @@ def analysis_row(name, analyses_json, cpu_hours):
         return " / ".join(f"{v:.3f}" for v in values)
 
     budgets = sorted(against["mixture"], key=int)
+    progress = Path(analyses_json).parent / PROGRESS_NAME
+    spread = ""
+    if progress.exists():  # the 95% interval of (i)/(iv) over prompts, per budget
+        spread = " (" + ", ".join("{:.3f}-{:.3f}".format(*ratio_interval(progress, "mixture", budget=b))
+                                  for b in budgets) + ")"
     coupling = [cons["mixture"][b]["tau_offline"] / cons["shuffled"][b]["tau_offline"] for b in budgets]
     norms = result["modes"]["norms"]
     return (f"| `{name}` | {result['prompts']} | " + " | ".join(
-        ratios(against[c][b]["tau_offline"] for b in budgets) for c in ("mixture", "mean_marginals", "shuffled"))
+        ratios(against[c][b]["tau_offline"] for b in budgets) + (spread if c == "mixture" else "")
+        for c in ("mixture", "mean_marginals", "shuffled"))
         + f" | {ratios(coupling)} | {100 * result['gate']['top1_accuracy']:.1f}% | "
         f"{min(norms):.2f}-{max(norms):.2f} / {result['modes']['mask_token_norm']:.2f} | "
         f"{'-' if cpu_hours is None else f'{cpu_hours:.2f}'} |")

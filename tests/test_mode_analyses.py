@@ -12,8 +12,11 @@ import torch
 
 from conftest import one_error_line, run_cli_many
 from mfd_hub import save_draft
+from mfd_hub.errors import MfdHubError
 from mfd_hub.kernels.tree_build import build_mixture_tree
 from mfd_hub.recipes.mode_analyses import (
+    AnalysesJournal,
+    ratio_interval,
     FORK_RUNNER_UP,
     MASS_CONSTRUCTIONS,
     ModeAnalyses,
@@ -215,3 +218,24 @@ def test_greedy_answers_are_kept_per_target_and_prompt(tmp_path, monkeypatch):
     assert keyed.greedy_answer(PROMPT)[0] == [1] * 9
     other = ModeAnalyses(target, mfd, control, budgets=(4,), max_new_tokens=6, answers_key=["other", "float32", "cpu"])
     assert other.greedy_answer(PROMPT)[0] == answer
+
+
+def test_ratio_interval_resamples_prompts_and_holds_the_point_estimate(tmp_path):
+    def journal(name, pairs):
+        out = AnalysesJournal(tmp_path / name, {"probe": name})
+        for i, (mixture, dpace) in enumerate(pairs):
+            cell = lambda accepted: {"accepted": accepted, "accepted_forks": 0, "round_tokens": 0, "rounds": 0,  # noqa: E731
+                                     "mass_per_depth": []}
+            out.add(f"p{i}", {"anchors": 1, "cells": {"mixture@16": cell(mixture), "dpace@16": cell(dpace)}})
+        return out.path
+
+    # every prompt at 1.1: every resample is 1.1
+    assert ratio_interval(journal("flat", [(11, 10)] * 30), "mixture") == pytest.approx((1.1, 1.1))
+    # prompts of 1.0 and 1.2 (equal weights): the interval holds 1.1 and lies strictly inside [1.0, 1.2],
+    # and more prompts make it narrower
+    few = ratio_interval(journal("few", [(10, 10), (12, 10)] * 10), "mixture")
+    many = ratio_interval(journal("many", [(10, 10), (12, 10)] * 200), "mixture")
+    assert 1.0 < few[0] < 1.1 < few[1] < 1.2
+    assert few[0] < many[0] < 1.1 < many[1] < few[1]
+    with pytest.raises(MfdHubError, match="no finished prompt"):
+        ratio_interval(journal("empty", []), "mixture")

@@ -79,7 +79,11 @@ def test_the_table_row_is_read_from_the_analysis(monkeypatch):
     cells = [c.strip() for c in plan_module.analysis_row("parity", path, 0.25).split("|")[1:-1]]
     assert cells[:2] == ["`parity`", str(result["prompts"])] and cells[-1] == "0.25"
     mixture, dpace = result["constructions"]["mixture"], result["against_dpace"]
-    assert cells[2] == " / ".join(f"{dpace['mixture'][b]['tau_offline']:.3f}" for b in ("16", "32", "64"))
+    point, spread = cells[2].split(" (")
+    assert point == " / ".join(f"{dpace['mixture'][b]['tau_offline']:.3f}" for b in ("16", "32", "64"))
+    for interval, estimate in zip(spread.rstrip(")").split(", "), point.split(" / ")):  # 95% over prompts
+        low, high = map(float, interval.split("-"))
+        assert low <= float(estimate) <= high and high - low < 0.05
     coupling = mixture["32"]["tau_offline"] / result["constructions"]["shuffled"]["32"]["tau_offline"]
     assert cells[5].split(" / ")[1] == f"{coupling:.3f}"
     table = subprocess.run([sys.executable, "scripts/mode_experiments.py", "table"], cwd=REPO, capture_output=True,
