@@ -26,7 +26,10 @@ finished prompts, and each stage's wall and CPU time goes to data/smollm2/modes/
    HumanEval problems (T = 0, fp32), as the retraining's 20-problem benches.
 
 Git keeps what a stage measured (analyses.json and progress.jsonl, the bench's results and
-finished prompts, the ledger), never the weights (*.safetensors is ignored).
+finished prompts, the ledger), never the weights (*.safetensors is ignored). In a fresh checkout a
+finished fine-tune therefore counts as done, unless a stage still to run reads its drafter (the
+control, for a new variant's analysis; the best variant, for the bench): then it is trained again
+from its recipe, and the feature store is rebuilt first (0.7 CPU-h).
 """
 
 import argparse
@@ -171,6 +174,16 @@ def stages(answers):
     return plan
 
 
+def to_do(plan):
+    """The stages of ``plan`` still to run. Git keeps what a fine-tune measured, not its weights, so
+    a fine-tune with its train_summary.json and no weights counts as done, unless a stage still to
+    run reads its drafter: then it is trained again, with the same recipe and data."""
+    waiting = [stage for stage in plan if not stage[2].exists()]
+    read = {arg for _, argv, _ in waiting if argv[1] != "train" for arg in argv}
+    return [(name, argv, marker) for name, argv, marker in waiting if argv[1] != "train"
+            or not (marker.parent.parent / "train_summary.json").exists() or str(marker.parent) in read]
+
+
 def ledger():
     return [json.loads(line) for line in LEDGER.read_text().splitlines()] if LEDGER.exists() else []
 
@@ -195,8 +208,9 @@ def main(argv):
     if args.action == "status":
         spent = retrain.cpu_seconds_by_stage(ledger())
         print(f"training data: {f'the first {answers} answers' if frozen else 'not frozen yet'} of {retrain.DATA}")
+        todo = {name for name, _, _ in to_do(plan())}
         for name, _, marker in plan():
-            state = "done" if marker.exists() else "to do"
+            state = "to do" if name in todo else "done"
             line = f"  {name:<24} {state:<6} {spent.get(name, 0.0) / 3600:6.2f} CPU-h"
             ratios = ratio_of(marker) if name.endswith("analyses") or name.startswith("analyses-") else None
             if ratios:
@@ -209,7 +223,7 @@ def main(argv):
         return 1
     signal.signal(signal.SIGTERM, retrain._raise_stopped)
     while True:  # planned again after each stage: the bench's drafter is known once the analyses are done
-        todo = [stage for stage in plan() if not stage[2].exists()]
+        todo = to_do(plan())
         if not todo:
             break
         name, command, marker = todo[0]

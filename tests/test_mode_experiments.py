@@ -89,3 +89,29 @@ def test_the_table_row_is_read_from_the_analysis(monkeypatch):
     table = subprocess.run([sys.executable, "scripts/mode_experiments.py", "table"], cwd=REPO, capture_output=True,
                            text=True, timeout=120)
     assert table.returncode == 0 and "| `shipped` | 200 |" in table.stdout, table.stderr
+
+
+def test_a_fine_tune_whose_weights_git_dropped_is_retrained_only_when_a_stage_to_run_reads_it(tmp_path):
+    plan_module = load_script("scripts/mode_experiments.py")
+
+    def fine_tune(name, trained, weights):
+        final = tmp_path / name / "final"
+        final.mkdir(parents=True)
+        if trained:
+            (final.parent / "train_summary.json").write_text("{}")
+        if weights:
+            (final / "model.safetensors").write_text("")
+        return name, ["mfd-hub", "train", "recipe", f"output.dir={final.parent}"], final / "model.safetensors"
+
+    def analysis(name, drafter):
+        return name, ["mfd-hub", "evaluate", str(tmp_path / drafter / "final")], tmp_path / name / "analyses.json"
+
+    kept = fine_tune("kept", trained=True, weights=True)
+    measured = fine_tune("measured", trained=True, weights=False)  # its analysis is done: nothing reads it
+    needed = fine_tune("needed", trained=True, weights=False)  # an analysis still to run reads it
+    fresh = fine_tune("fresh", trained=False, weights=False)
+    done = analysis("done", "measured")
+    done[2].parent.mkdir()
+    done[2].write_text("{}")
+    plan = [kept, measured, needed, fresh, done, analysis("waiting", "needed")]
+    assert [name for name, _, _ in plan_module.to_do(plan)] == ["needed", "fresh", "waiting"]
