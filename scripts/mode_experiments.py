@@ -165,6 +165,13 @@ def stages(answers):
                      out / "final" / "model.safetensors"))
         plan.append(analyses_stage(f"analyses-{variant}", ROOT / variant / "final", control / "final",
                                    ROOT / variant / "analyses", ["--limit", str(ANALYSED_PROMPTS)]))
+    # block16's mixture beats the block-8 control through its depth as much as through its modes
+    # ((ii) and (iii) beat (iv) too): a D-PACE control drafting blocks of 16 tells the two apart
+    deep = ROOT / "dpace-block16"
+    plan.append(("dpace-block16", ["mfd-hub", "train", "smollm2-dpace", *common, *VARIANTS["block16"],
+                                   f"output.dir={deep}"], deep / "final" / "model.safetensors"))
+    plan.append(analyses_stage("analyses-block16-deep", ROOT / "block16" / "final", deep / "final",
+                               ROOT / "block16" / "analyses-deep", ["--limit", str(ANALYSED_PROMPTS)]))
     best = best_variant()
     bench = ROOT / "bench-humaneval-20"
     plan.append(("bench20-best", ["mfd-hub", "bench", "--drafter", str(control / "final"),

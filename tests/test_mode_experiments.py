@@ -43,6 +43,9 @@ def test_the_mode_experiments_plan_is_valid_and_changes_one_knob_per_variant(mon
     assert (control.data.limit, control.drafter.block_size, control.train.anchors_per_sequence) == (
         10_400, retrain.BLOCK, retrain.FINETUNE_ANCHORS)
     assert control.data.features_dir == str(retrain.FEATURES)
+    deep, plain_dpace = _flat(recipes["dpace-block16"].to_dict()), _flat(control.to_dict())
+    assert {k for k in deep if deep[k] != plain_dpace[k]} - {"output.dir"} == {"drafter.block_size", "drafter.resize_block"}
+    assert deep["drafter.block_size"] == recipes["mfd-block16"].drafter.block_size == 16
     plain_mfd = _flat(load_recipe("smollm2-mfd", plan_module.finetune_overrides(10_400)).to_dict())
     for variant, knobs in plan_module.VARIANTS.items():
         recipe = recipes[f"mfd-{variant}"]
