@@ -22,6 +22,9 @@ finished prompts, and each stage's wall and CPU time goes to data/smollm2/modes/
    store outside git (runs/features/smollm2). `baseline` is the MFD recipe unchanged; every other
    variant changes one knob of it (VARIANTS). Each is read at once on the offline ratio of its
    mixture (i) to the control's product tree (iv), on the first ANALYSED_PROMPTS held-out answers.
+3. `dpace-block16`, then `analyses-block16-deep`: the control drafting blocks of 16 as `block16`
+   does, and `block16` read against it, since against the block-8 control its depth and its modes
+   both count.
 4. `bench20-best`: the variant with the best mean ratio against the control on the first 20
    HumanEval problems (T = 0, fp32), as the retraining's 20-problem benches.
 

@@ -319,6 +319,7 @@ def smollm2_bf16(near_tie_rule):
     target = copy.deepcopy(target32).to(torch.bfloat16)
     del target32
     drafter = load_draft(shipped_drafter_dir("MFD-SmolLM2-135M"))
+
     def run(prompt):
         ids = encode_prompt(tokenizer, prompt)
         return (ids, *near_tie_rule.decode_both_ways(target, ids, SMOLLM2_TOKENS))
