@@ -46,6 +46,12 @@ def test_the_mode_experiments_plan_is_valid_and_changes_one_knob_per_variant(mon
     deep, plain_dpace = _flat(recipes["dpace-block16"].to_dict()), _flat(control.to_dict())
     assert {k for k in deep if deep[k] != plain_dpace[k]} - {"output.dir"} == {"drafter.block_size", "drafter.resize_block"}
     assert deep["drafter.block_size"] == recipes["mfd-block16"].drafter.block_size == 16
+    for best in ("block16", "mode-lr10"):  # the best variant beside the control, and its own depth's if deeper
+        monkeypatch.setattr(plan_module, "best_variant", lambda best=best: best)
+        bench = plan_module.stages(10_400)[-1][1]
+        drafters = [bench[i + 1] for i, arg in enumerate(bench) if arg == "--drafter"]
+        expected = [control.output.dir] + ([recipes["dpace-block16"].output.dir] if best == "block16" else [])
+        assert drafters == [str(Path(d) / "final") for d in expected] + [str(plan_module.ROOT / best / "final")]
     plain_mfd = _flat(load_recipe("smollm2-mfd", plan_module.finetune_overrides(10_400)).to_dict())
     for variant, knobs in plan_module.VARIANTS.items():
         recipe = recipes[f"mfd-{variant}"]
@@ -118,3 +124,21 @@ def test_a_fine_tune_whose_weights_git_dropped_is_retrained_only_when_a_stage_to
     done[2].write_text("{}")
     plan = [kept, measured, needed, fresh, done, analysis("waiting", "needed")]
     assert [name for name, _, _ in plan_module.to_do(plan)] == ["needed", "fresh", "waiting"]
+
+
+def test_the_best_variant_is_read_against_the_control_of_its_own_depth(tmp_path, monkeypatch):
+    plan_module = load_script("scripts/mode_experiments.py")
+    monkeypatch.setattr(plan_module, "ROOT", tmp_path)
+    monkeypatch.setattr(plan_module, "VARIANTS", {"deeper": [], "steady": []})
+
+    def plant(variant, folder, ratio):
+        path = tmp_path / variant / folder / "analyses.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"against_dpace": {"mixture": {b: {"tau_offline": ratio} for b in ("16", "32")}}}))
+
+    plant("steady", "analyses", 1.01)
+    assert plan_module.best_variant() is None  # until every variant's analysis is done
+    plant("deeper", "analyses", 1.05)  # against the block-8 control: its depth counts too
+    assert plan_module.best_variant() == "deeper"
+    plant("deeper", plan_module.DEEP_ANALYSES, 1.00)  # against the control of its own depth
+    assert plan_module.best_variant() == "steady"
