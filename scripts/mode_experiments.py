@@ -231,7 +231,7 @@ def main(argv):
         retrain.print_commands(plan())
         return 0
     if args.action == "table":
-        print(analyses_table(retrain.cpu_seconds_by_stage(ledger())))
+        print(analyses_table(retrain.cpu_seconds_by_stage(ledger(), first_finish=True)))
         return 0
     if args.action == "status":
         spent = retrain.cpu_seconds_by_stage(ledger())

@@ -212,11 +212,17 @@ def print_commands(plan):
         print(f"{name}: {' '.join(command)}")
 
 
-def cpu_seconds_by_stage(entries):
-    """{stage: CPU seconds} over ledger entries, stopped attempts included."""
-    spent = {}
+def cpu_seconds_by_stage(entries, first_finish=False):
+    """{stage: CPU seconds} over ledger entries, stopped attempts included. ``first_finish``: only
+    up to a stage's first finished run, what it costs once when git's lack of weights made a fresh
+    checkout run it again."""
+    spent, finished = {}, set()
     for entry in entries:
+        if entry["stage"] in finished:
+            continue
         spent[entry["stage"]] = spent.get(entry["stage"], 0.0) + entry["cpu_s"]
+        if first_finish and entry["returncode"] == 0 and not entry["stopped"]:
+            finished.add(entry["stage"])
     return spent
 
 

@@ -142,3 +142,16 @@ def test_the_best_variant_is_read_against_the_control_of_its_own_depth(tmp_path,
     assert plan_module.best_variant() == "deeper"
     plant("deeper", plan_module.DEEP_ANALYSES, 1.00)  # against the control of its own depth
     assert plan_module.best_variant() == "steady"
+
+
+def test_the_table_counts_one_training_where_a_fresh_checkout_trained_it_again():
+    plan_module = load_script("scripts/mode_experiments.py")
+
+    def run(stage, cpu, returncode=0, stopped=False):
+        return {"stage": stage, "cpu_s": cpu, "returncode": returncode, "stopped": stopped}
+
+    entries = [run("mfd-a", 100.0, returncode=-15, stopped=True), run("mfd-a", 50.0), run("mfd-b", 70.0),
+               run("mfd-a", 400.0)]  # trained again from its recipe, for a stage that read its weights
+    count = plan_module.retrain.cpu_seconds_by_stage
+    assert count(entries) == {"mfd-a": 550.0, "mfd-b": 70.0}  # what was spent
+    assert count(entries, first_finish=True) == {"mfd-a": 150.0, "mfd-b": 70.0}  # what one training cost
