@@ -74,7 +74,7 @@ VARIANTS = {
     # mode is the winner on about 1/K of the anchors: two modes train each on half of them
     "modes2": ["drafter.num_modes=2"],
 }
-DEEP_ANALYSES = "analyses-deep"  # block16 read against the D-PACE control of its own depth
+DEEP_CONTROL, DEEP_ANALYSES = "dpace-block16", "analyses-deep"  # block16 against the control of its depth
 BEST_UNKNOWN = "<best variant: known once every analysis is done>"
 
 
@@ -93,11 +93,15 @@ def analyses_stage(name, drafter, against, out, extra=()):
     return name, argv, out / "analyses.json"
 
 
+def analysis_json(variant, folder="analyses"):
+    return ROOT / variant / folder / "analyses.json"
+
+
 def matched_analysis(variant):
-    """A variant's analysis against the control trained as it is: block16's against dpace-block16
+    """A variant's analysis against the control trained as it is: block16's against DEEP_CONTROL
     once that has run (DEEP_ANALYSES), every other's against the block-8 control."""
-    deep = ROOT / variant / DEEP_ANALYSES / "analyses.json"
-    return deep if deep.exists() else ROOT / variant / "analyses" / "analyses.json"
+    deep = analysis_json(variant, DEEP_ANALYSES)
+    return deep if deep.exists() else analysis_json(variant)
 
 
 def ratio_of(analyses_json):
@@ -144,12 +148,11 @@ def analyses_table(spent):
     if shipped.exists():
         rows.append(analysis_row("shipped", shipped, None))
     for variant in VARIANTS:
-        found = ROOT / variant / "analyses" / "analyses.json"
+        found, deep = analysis_json(variant), analysis_json(variant, DEEP_ANALYSES)
         if found.exists():
             rows.append(analysis_row(variant, found, spent.get(f"mfd-{variant}", 0.0) / 3600))
-        deep = ROOT / variant / DEEP_ANALYSES / "analyses.json"
         if deep.exists():
-            rows.append(analysis_row(f"{variant} against dpace-block16", deep, None))
+            rows.append(analysis_row(f"{variant} against {DEEP_CONTROL}", deep, None))
     return "\n".join(rows)
 
 
@@ -185,8 +188,8 @@ def stages(answers):
                                    ROOT / variant / "analyses", ["--limit", str(ANALYSED_PROMPTS)]))
     # block16's mixture beats the block-8 control through its depth as much as through its modes
     # ((ii) and (iii) beat (iv) too): a D-PACE control drafting blocks of 16 tells the two apart
-    deep = ROOT / "dpace-block16"
-    plan.append(("dpace-block16", ["mfd-hub", "train", "smollm2-dpace", *common, *VARIANTS["block16"],
+    deep = ROOT / DEEP_CONTROL
+    plan.append((DEEP_CONTROL, ["mfd-hub", "train", "smollm2-dpace", *common, *VARIANTS["block16"],
                                    f"output.dir={deep}"], deep / "final" / "model.safetensors"))
     plan.append(analyses_stage("analyses-block16-deep", ROOT / "block16" / "final", deep / "final",
                                ROOT / "block16" / DEEP_ANALYSES, ["--limit", str(ANALYSED_PROMPTS)]))
